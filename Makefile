@@ -1,0 +1,38 @@
+# antdt-tf developer entry points. Everything installs into .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.antdt-installed
+
+.PHONY: install test test-fast demo bench protos bazel-test clean
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The whole suite, multi-process tests included.
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+# Unit and in-process service tests only (skips the tests marked slow).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
+
+demo: $(STAMP)
+	$(VENV)/bin/antdt-sharding-demo
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.sharding_bench --out benchmarks/results/sharding.md
+
+protos: $(STAMP)
+	$(PY) tools/gen_protos.py
+
+bazel-test: $(STAMP)
+	bash tools/bazel_test.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache bazel-*

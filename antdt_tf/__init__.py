@@ -1,0 +1,9 @@
+"""antdt-tf: straggler-tolerant parameter-server training for TensorFlow (AntDT design).
+
+Packages, one per AntDT component (each readable alone):
+
+- :mod:`antdt_tf.sharding` — the stateful dynamic data sharding service (master side,
+  client, persistence). Pure Python + gRPC; imports no TensorFlow.
+"""
+
+__version__ = "0.1.0"

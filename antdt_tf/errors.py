@@ -1,0 +1,55 @@
+"""Errors of antdt-tf.
+
+Every error the system raises on purpose derives from :class:`AntdtError`. Services map
+the subclasses to gRPC status codes in one place (``sharding/service.py``); callers
+classify failures by type, never by message text.
+"""
+
+
+class AntdtError(Exception):
+    """Root of all antdt-tf errors."""
+
+
+class InvalidRequest(AntdtError, ValueError):
+    """A request or spec is malformed or out of range (INVALID_ARGUMENT)."""
+
+
+class UnknownDataset(AntdtError, KeyError):
+    """The dataset was never registered (NOT_FOUND)."""
+
+    def __str__(self):  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownTask(AntdtError, KeyError):
+    """The task never talked to the master (NOT_FOUND)."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
+class DatasetConflict(AntdtError):
+    """A dataset name was re-registered with different parameters (ALREADY_EXISTS)."""
+
+
+class StaleIncarnation(AntdtError):
+    """A request came from a task incarnation that was replaced or declared dead
+    (FAILED_PRECONDITION): a newer incarnation owns the task now."""
+
+
+class LeaseNotHeld(AntdtError):
+    """A report names a lease the reporter does not hold (FAILED_PRECONDITION): it was
+    re-issued after a failure or expiry, or already settled. Nothing was counted."""
+
+
+class IncompatibleState(AntdtError):
+    """A state snapshot has an unknown format version or does not fit its dataset."""
+
+
+class CorruptState(AntdtError):
+    """A state file in ``--state_dir`` cannot be read back (bad magic, checksum or
+    content). The master refuses to start rather than lose or repeat data."""
+
+
+class StateDirLocked(AntdtError):
+    """Another master process holds the state directory."""

@@ -1,0 +1,139 @@
+"""antdt-master: the job's master process, serving the sharding service.
+
+Trainers pull shards from it over gRPC (``antdt.v1.ShardingService``); it also serves
+the standard gRPC health service (``grpc.health.v1.Health``).
+
+Usage::
+
+    antdt-master --state_dir=/var/lib/antdt/job42 --port=7470
+
+State: with ``--state_dir`` every change is journaled before it is acknowledged, so a
+master killed with SIGKILL and started again on the same directory continues exactly
+where it stopped (leases held by live trainers stay theirs for one more lease term).
+A damaged or incompatible state directory stops the master with exit code 3 and a
+message; ``--discard_corrupt_state`` moves the damaged files into
+``state_dir/corrupt-<time>/`` and starts fresh. Without ``--state_dir`` the state lives in
+memory only.
+
+Network: binds 127.0.0.1 by default. Listening on other interfaces needs an explicit
+``--bind`` (e.g. ``--bind=0.0.0.0``); the service has no authentication, so only do that
+on a trusted cluster network.
+
+Signals: SIGTERM/SIGINT go NOT_SERVING on the health service, drain in-flight calls for
+``--grace_seconds``, write a final snapshot and exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from absl import app, flags
+
+from antdt_tf.errors import CorruptState, IncompatibleState, StateDirLocked
+from antdt_tf.sharding.service import MasterServer, ShardingServicer
+from antdt_tf.sharding.state import LeaseConfig, ShardState
+from antdt_tf.sharding.store import FSYNC_MODES, StateStore, open_state
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("port", 7470, "TCP port to serve on; 0 picks a free port (see --port_file).")
+flags.DEFINE_string("bind", "127.0.0.1", "Address to bind. Default loopback only; any other "
+                    "interface must be named explicitly.")
+flags.DEFINE_string("port_file", "", "If set, the bound port is written here (atomically) "
+                    "once the server is serving.")
+flags.DEFINE_string("state_dir", "", "Directory for the durable shard state (snapshot + "
+                    "journal). Empty: in memory only, a restart loses the job's data position.")
+flags.DEFINE_enum("fsync", "interval", list(FSYNC_MODES), "When the journal is fsynced: every "
+                  "event, once a second, or never (a process crash loses nothing in any mode; "
+                  "a machine crash may lose up to the interval).")
+flags.DEFINE_integer("snapshot_every", 100_000, "Compact the journal into a snapshot after "
+                     "this many events.")
+flags.DEFINE_boolean("discard_corrupt_state", False, "Move a damaged state_dir aside "
+                     "(state_dir/corrupt-<time>/) and start fresh instead of refusing to start.")
+flags.DEFINE_float("lease_min_seconds", 30.0, "Shortest lease, whatever the observed speed.")
+flags.DEFINE_float("lease_initial_seconds", 600.0, "Lease before any shard time was observed.")
+flags.DEFINE_float("lease_max_seconds", 86400.0, "Longest lease.")
+flags.DEFINE_float("lease_factor", 4.0, "A lease lasts this many times the expected time of "
+                   "its records (from the slower of the holder's and the dataset's observed "
+                   "seconds per record).")
+flags.DEFINE_integer("max_shard_failures", 3, "A shard that failed (FAILED, expired lease or "
+                     "holder died) this often in one epoch is set aside as poisoned.")
+flags.DEFINE_float("grace_seconds", 5.0, "Drain time for in-flight calls on SIGTERM.")
+flags.DEFINE_float("tick_seconds", 0.5, "How often leases are checked for expiry and the "
+                   "journal synced.")
+
+log = logging.getLogger("antdt.master")
+
+
+def _lease_config() -> LeaseConfig:
+    try:
+        return LeaseConfig(min_seconds=FLAGS.lease_min_seconds,
+                           initial_seconds=FLAGS.lease_initial_seconds,
+                           max_seconds=FLAGS.lease_max_seconds, factor=FLAGS.lease_factor,
+                           max_failures=FLAGS.max_shard_failures)
+    except ValueError as e:
+        raise app.UsageError(f"bad lease flags: {e}") from e
+
+
+def _write_port_file(path: str, port: int) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{port}\n")
+    os.replace(tmp, path)
+
+
+async def _serve(servicer: ShardingServicer) -> None:
+    server = MasterServer(servicer, bind=FLAGS.bind, port=FLAGS.port,
+                          tick_seconds=FLAGS.tick_seconds)
+    await server.start()
+    log.info("[master] serving antdt.v1.ShardingService on %s (pid %d)", server.address, os.getpid())
+    if FLAGS.port_file:
+        _write_port_file(FLAGS.port_file, server.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("[master] shutting down: draining for up to %.1fs", FLAGS.grace_seconds)
+    await server.stop(FLAGS.grace_seconds)
+    log.info("[master] stopped; state flushed")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not 0 <= FLAGS.port <= 65535:
+        raise app.UsageError(f"--port must be in [0, 65535], got {FLAGS.port}")
+    if FLAGS.snapshot_every < 1:
+        raise app.UsageError("--snapshot_every must be >= 1")
+    if FLAGS.tick_seconds <= 0 or FLAGS.grace_seconds < 0:
+        raise app.UsageError("--tick_seconds must be > 0 and --grace_seconds >= 0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    state = ShardState(_lease_config())
+    store = None
+    if FLAGS.state_dir:
+        store = StateStore(FLAGS.state_dir, fsync=FLAGS.fsync, snapshot_every=FLAGS.snapshot_every)
+        try:
+            recovered = open_state(store, state, discard_corrupt=FLAGS.discard_corrupt_state)
+        except (CorruptState, IncompatibleState, StateDirLocked) as e:
+            print(f"antdt-master: error: {e}\n  (the state was left untouched; fix or move it, "
+                  "or pass --discard_corrupt_state to set it aside and start fresh)",
+                  file=sys.stderr)
+            return 3
+        log.info("[master] state_dir %s: snapshot=%s, %d journal event(s) replayed, datasets %s",
+                 FLAGS.state_dir, recovered["snapshot"], recovered["replayed"], state.datasets)
+    else:
+        log.warning("[master] no --state_dir: shard state is in memory only")
+    asyncio.run(_serve(ShardingServicer(state, store)))
+    return 0
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,184 @@
+"""ShardingClient: what a trainer (or agent, or launcher) uses to talk to the master.
+
+Every call carries a deadline; calls wait for the master to be reachable
+(``wait_for_ready``) and gRPC retries UNAVAILABLE for them, so a master restart
+looks like a slow call, not an error. Retries are safe: GetShard carries a request id
+(a retried GetShard returns the same lease) and a repeated DONE answers DUPLICATE.
+
+Errors come back as the same :mod:`antdt_tf.errors` types the master raised (carried in
+the ``antdt-error`` trailing metadata); transport failures raise :class:`MasterUnavailable`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+from typing import Iterator, Optional, Sequence, Union
+
+import grpc
+
+from antdt_tf import errors
+from antdt_tf.proto import sharding_pb2 as pb
+from antdt_tf.proto import sharding_pb2_grpc as pb_grpc
+from antdt_tf.sharding.plan import DatasetSpec
+from antdt_tf.sharding.service import ERROR_METADATA_KEY
+from antdt_tf.sharding.state import spec_to_proto
+
+_SERVICE_CONFIG = json.dumps({
+    "methodConfig": [{
+        "name": [{"service": "antdt.v1.ShardingService"}],
+        "retryPolicy": {
+            "maxAttempts": 5,
+            "initialBackoff": "0.1s",
+            "maxBackoff": "2s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        },
+    }]
+})
+
+
+class MasterUnavailable(errors.AntdtError):
+    """The master could not be reached within the call's deadline."""
+
+
+class RpcFailed(errors.AntdtError):
+    """The master answered with an error that has no antdt-tf type (e.g. INTERNAL)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """Who is asking: a task of the job and its incarnation."""
+
+    type: str
+    index: int
+    incarnation: int = 0
+
+    def proto(self) -> pb.TaskId:
+        return pb.TaskId(type=self.type, index=self.index, incarnation=self.incarnation)
+
+    def __str__(self):
+        return f"{self.type}:{self.index}#{self.incarnation}"
+
+
+def _raise_typed(e: grpc.RpcError, what: str):
+    name = dict(e.trailing_metadata() or ()).get(ERROR_METADATA_KEY)
+    cls = getattr(errors, name, None) if name else None
+    if isinstance(cls, type) and issubclass(cls, errors.AntdtError):
+        raise cls(e.details()) from e
+    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        raise MasterUnavailable(f"{what}: master unreachable ({e.code().name}: {e.details()})") from e
+    raise RpcFailed(f"{what}: {e.code().name}: {e.details()}") from e
+
+
+class ShardingClient:
+    """A typed client of one master. Thread-safe (gRPC channels are)."""
+
+    def __init__(self, address: str, task: Optional[Task] = None, timeout: float = 30.0,
+                 channel: Optional[grpc.Channel] = None):
+        self.address = address
+        self.task = task
+        self.timeout = timeout
+        self._channel = channel or grpc.insecure_channel(
+            address, options=[("grpc.service_config", _SERVICE_CONFIG),
+                              ("grpc.enable_retries", 1)])
+        self._stub = pb_grpc.ShardingServiceStub(self._channel)
+        self._request_base = random.getrandbits(40) << 20
+        self._request_seq = 0
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method: str, request, timeout: Optional[float] = None):
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout or self.timeout,
+                                               wait_for_ready=True)
+        except grpc.RpcError as e:
+            _raise_typed(e, method)
+
+    def _next_request_id(self) -> int:
+        self._request_seq += 1
+        return self._request_base + self._request_seq
+
+    def _task(self, task: Optional[Task]) -> pb.TaskId:
+        task = task or self.task
+        if task is None:
+            raise ValueError("this client has no task; pass task=Task(type, index, incarnation)")
+        return task.proto()
+
+    # ----------------------------------------------------------------- calls
+
+    def register_dataset(self, spec: Union[DatasetSpec, pb.DatasetSpec]) -> pb.RegisterDatasetResponse:
+        msg = spec if isinstance(spec, pb.DatasetSpec) else spec_to_proto(spec)
+        return self._call("RegisterDataset", pb.RegisterDatasetRequest(spec=msg))
+
+    def get_shard(self, dataset: str, task: Optional[Task] = None) -> pb.GetShardResponse:
+        return self._call("GetShard", pb.GetShardRequest(
+            dataset=dataset, task=self._task(task), request_id=self._next_request_id()))
+
+    def _report(self, shard: pb.Shard, outcome, records: int, task: Optional[Task],
+                get_next: bool = False, error: str = "") -> pb.ReportShardResponse:
+        return self._call("ReportShard", pb.ReportShardRequest(
+            dataset=shard.dataset, task=self._task(task), lease_id=shard.lease_id,
+            shard_id=shard.shard_id, epoch=shard.epoch, outcome=outcome,
+            records_processed=records, error_message=error, get_next=get_next,
+            next_request_id=self._next_request_id() if get_next else 0))
+
+    def report_done(self, shard: pb.Shard, task: Optional[Task] = None,
+                    get_next: bool = False) -> pb.ReportShardResponse:
+        """All of the shard's records were trained. With ``get_next`` the response's
+        ``next`` is the following GetShard answer (one round trip instead of two)."""
+        return self._report(shard, pb.ReportShardRequest.DONE, shard.length, task, get_next)
+
+    def report_progress(self, shard: pb.Shard, records: int,
+                        task: Optional[Task] = None) -> pb.ReportShardResponse:
+        """``records`` of the shard are trained so far; renews the lease."""
+        return self._report(shard, pb.ReportShardRequest.PROGRESS, records, task)
+
+    def report_failed(self, shard: pb.Shard, records: int = 0, error: str = "",
+                      task: Optional[Task] = None) -> pb.ReportShardResponse:
+        """Gives the shard back; the first ``records`` of it were trained."""
+        return self._report(shard, pb.ReportShardRequest.FAILED, records, task, error=error)
+
+    def report_task_failure(self, task: Task, reason: str = "") -> int:
+        return self._call("ReportTaskFailure", pb.ReportTaskFailureRequest(
+            task=task.proto(), reason=reason)).released_shards
+
+    def progress(self, dataset: str = "") -> pb.GetProgressResponse:
+        return self._call("GetProgress", pb.GetProgressRequest(dataset=dataset))
+
+    def save_state(self, datasets: Sequence[str] = ()) -> bytes:
+        """The sharding state as bytes, to be stored inside a model checkpoint."""
+        return self._call("SaveState", pb.SaveStateRequest(datasets=list(datasets))).state \
+            .SerializeToString()
+
+    def restore_state(self, state: Union[bytes, pb.ShardingState]) -> pb.RestoreStateResponse:
+        if isinstance(state, (bytes, bytearray)):
+            msg = pb.ShardingState()
+            try:
+                msg.ParseFromString(bytes(state))
+            except Exception as e:  # DecodeError; keep the type for the caller
+                raise errors.IncompatibleState(f"sharding state bytes do not parse: {e}") from e
+            state = msg
+        return self._call("RestoreState", pb.RestoreStateRequest(state=state))
+
+    def shards(self, dataset: str, task: Optional[Task] = None,
+               max_wait_seconds: float = 1.0) -> Iterator[pb.Shard]:
+        """Yields shards until END, polling on WAIT. The caller reports each shard
+        (``report_done`` / ``report_failed``) before asking for the next one."""
+        while True:
+            resp = self.get_shard(dataset, task)
+            if resp.status == pb.GetShardResponse.SHARD:
+                yield resp.shard
+            elif resp.status == pb.GetShardResponse.END:
+                return
+            else:
+                time.sleep(min(max_wait_seconds, resp.retry_after_seconds or 0.1))

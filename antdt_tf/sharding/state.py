@@ -1,0 +1,721 @@
+"""ShardState: the master's record of every shard of every registered dataset.
+
+Lifecycle of a shard within one epoch::
+
+    TODO  --GetShard-->  DOING (a lease held by one task incarnation)
+    DOING --DONE------>  DONE
+    DOING --FAILED / lease expired / holder died / holder relaunched-->
+          TODO again, from the holder's last applied offset, ahead of never-issued shards
+          (or POISONED once the shard failed ``max_failures`` times: the job goes on)
+    all shards DONE or POISONED --> next epoch (a new seeded order) ... after the last: END
+
+Representation (bounded memory for huge datasets): never-issued shards are implied by a
+cursor into the epoch's permutation; only shards that were issued and are not DONE
+(``requeue``, ``doing``, ``poisoned``) are stored. DONE = issued minus those, so no
+shard can be counted DONE twice by construction.
+
+Every change is an *event* (a ``JournalEntry`` proto): a public method validates the
+request, builds the event, hands it to the ``journal`` callback (the persistent store)
+and only then applies it. Replaying the journal through :meth:`ShardState.apply`
+rebuilds exactly the state that was acknowledged. Bad requests raise a typed
+:mod:`antdt_tf.errors` exception before any event exists, so they never change state.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import re
+import time
+from typing import Callable, Iterable, Optional
+
+from antdt_tf.errors import (CorruptState, DatasetConflict, IncompatibleState, InvalidRequest,
+                             LeaseNotHeld, StaleIncarnation, UnknownDataset, UnknownTask)
+from antdt_tf.proto import sharding_pb2 as pb
+from antdt_tf.sharding.plan import DataFile, DatasetSpec, ShardPlan
+
+STATE_FORMAT_VERSION = 1
+_TASK_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_MAX_TASK_INDEX = 1_000_000
+_RECENT_DONE = 16
+_MAX_POISONED_IDS = 100
+
+Outcome = pb.ReportShardRequest.Outcome
+Settle = pb.SettleEvent.Kind
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseConfig:
+    """How long a task may hold a shard without reporting.
+
+    A lease lasts ``factor`` times the expected time of its remaining records, expected
+    from the *slower* of the holder's own observed seconds-per-record and the dataset's
+    (so a merely slow worker is never robbed), clamped to
+    [``min_seconds``, ``max_seconds``]. Before anything was observed it is
+    ``initial_seconds``. PROGRESS reports renew it.
+    """
+
+    min_seconds: float = 30.0
+    initial_seconds: float = 600.0
+    max_seconds: float = 24 * 3600.0
+    factor: float = 4.0
+    max_failures: int = 3
+
+    def __post_init__(self):
+        if not 0 < self.min_seconds <= self.max_seconds:
+            raise ValueError("need 0 < lease min_seconds <= max_seconds")
+        if not self.min_seconds <= self.initial_seconds <= self.max_seconds:
+            raise ValueError("lease initial_seconds must lie in [min_seconds, max_seconds]")
+        if self.factor < 1:
+            raise ValueError("lease factor must be >= 1")
+        if self.max_failures < 1:
+            raise ValueError("max_failures must be >= 1")
+
+
+def spec_from_proto(msg: pb.DatasetSpec) -> DatasetSpec:
+    return DatasetSpec(name=msg.name, records_per_shard=msg.records_per_shard,
+                       num_epochs=msg.num_epochs, num_records=msg.num_records,
+                       files=tuple(DataFile(f.path, f.num_records) for f in msg.files),
+                       shuffle=msg.shuffle, seed=msg.seed)
+
+
+def spec_to_proto(spec: DatasetSpec) -> pb.DatasetSpec:
+    return pb.DatasetSpec(name=spec.name, records_per_shard=spec.records_per_shard,
+                          num_epochs=spec.num_epochs, num_records=spec.num_records,
+                          files=[pb.DataFile(path=f.path, num_records=f.num_records)
+                                 for f in spec.files],
+                          shuffle=spec.shuffle, seed=spec.seed)
+
+
+def task_name(task: pb.TaskId) -> str:
+    return f"{task.type}:{task.index}#{task.incarnation}"
+
+
+def validate_task(task: pb.TaskId) -> None:
+    if not _TASK_TYPE_RE.match(task.type):
+        raise InvalidRequest(f"task type {task.type!r} is invalid: use [a-z][a-z0-9_]*, "
+                             "e.g. 'worker'")
+    if not 0 <= task.index <= _MAX_TASK_INDEX:
+        raise InvalidRequest(f"task index {task.index} out of range [0, {_MAX_TASK_INDEX}]")
+    if task.incarnation < 0:
+        raise InvalidRequest(f"task incarnation must be >= 0, got {task.incarnation}")
+
+
+class _Lease:
+    __slots__ = ("lease_id", "dataset", "shard_id", "epoch", "offset", "length", "applied",
+                 "task_key", "incarnation", "issued_at", "lease_seconds", "deadline", "attempt")
+
+    def __init__(self, lease_id, dataset, shard_id, epoch, offset, length, task_key, incarnation,
+                 issued_at, lease_seconds, attempt):
+        self.lease_id = lease_id
+        self.dataset = dataset
+        self.shard_id = shard_id
+        self.epoch = epoch
+        self.offset = offset          # records of the shard trained before this lease
+        self.length = length          # records this lease covers
+        self.applied = 0              # of those, trained so far (PROGRESS)
+        self.task_key = task_key
+        self.incarnation = incarnation
+        self.issued_at = issued_at
+        self.lease_seconds = lease_seconds
+        self.deadline = issued_at + lease_seconds
+        self.attempt = attempt
+
+
+class _Run:
+    """One dataset's live state."""
+
+    def __init__(self, spec: DatasetSpec):
+        self.spec = spec
+        self.plan = ShardPlan(spec)
+        self.epoch = 0
+        self.cursor = 0
+        self.order = self.plan.order(0)
+        self.requeue: collections.deque[tuple[int, int]] = collections.deque()  # (shard, offset)
+        self.doing: dict[int, _Lease] = {}
+        self.poisoned: dict[int, int] = {}     # shard -> offset
+        self.failures: dict[int, int] = {}     # shard -> failed attempts this epoch
+        self.records_done_epoch = 0
+        self.records_done_total = 0
+        self.seconds_per_record = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.epoch >= self.spec.num_epochs
+
+    def todo_shards(self) -> int:
+        return 0 if self.finished else self.plan.num_shards - self.cursor + len(self.requeue)
+
+
+class _Task:
+    __slots__ = ("key", "type", "index", "incarnation", "dead", "shards_done", "records_done",
+                 "failures", "seconds_per_record", "leases", "recent_done", "last_request")
+
+    def __init__(self, task: pb.TaskId):
+        self.key = f"{task.type}:{task.index}"
+        self.type = task.type
+        self.index = task.index
+        self.incarnation = task.incarnation
+        self.dead = False
+        self.shards_done = 0
+        self.records_done = 0
+        self.failures = 0
+        self.seconds_per_record = 0.0
+        self.leases: set[int] = set()
+        self.recent_done: collections.deque[int] = collections.deque(maxlen=_RECENT_DONE)
+        self.last_request: dict[str, tuple[int, int]] = {}  # dataset -> (request_id, lease)
+
+    def task_id(self) -> pb.TaskId:
+        return pb.TaskId(type=self.type, index=self.index, incarnation=self.incarnation)
+
+
+def _ewma(old: float, new: float, alpha: float) -> float:
+    return new if old <= 0 else (1 - alpha) * old + alpha * new
+
+
+class ShardState:
+    """The sharding state machine. Not thread-safe: the service serialises calls."""
+
+    def __init__(self, config: LeaseConfig = LeaseConfig(),
+                 journal: Optional[Callable[[pb.JournalEntry], None]] = None,
+                 clock: Callable[[], float] = time.time):
+        self.config = config
+        self._journal = journal
+        self._clock = clock
+        self._runs: dict[str, _Run] = {}
+        self._tasks: dict[str, _Task] = {}
+        self._next_lease_id = 1
+        self._deadlines: list[tuple[float, int, str]] = []  # heap (deadline, lease, dataset)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def datasets(self) -> list[str]:
+        return list(self._runs)
+
+    def _run(self, dataset: str) -> _Run:
+        run = self._runs.get(dataset)
+        if run is None:
+            raise UnknownDataset(f"unknown dataset {dataset!r}; registered: "
+                                 f"{sorted(self._runs) or 'none'} (call RegisterDataset first)")
+        return run
+
+    def _known_task(self, task: pb.TaskId) -> _Task:
+        """The task record for a report; refuses unknown, stale and dead incarnations."""
+        validate_task(task)
+        t = self._tasks.get(f"{task.type}:{task.index}")
+        if t is None or task.incarnation > t.incarnation:
+            raise UnknownTask(f"unknown task {task_name(task)}: it never asked for a shard "
+                              "(GetShard registers a task incarnation)")
+        if task.incarnation < t.incarnation:
+            raise StaleIncarnation(f"task {task_name(task)} was replaced by incarnation "
+                                   f"{t.incarnation}; its leases were released")
+        if t.dead:
+            raise StaleIncarnation(f"task {task_name(task)} was declared dead; relaunch it "
+                                   "with a higher incarnation")
+        return t
+
+    def progress(self, dataset: str = "") -> pb.GetProgressResponse:
+        runs = [self._run(dataset)] if dataset else list(self._runs.values())
+        out = pb.GetProgressResponse()
+        for run in runs:
+            n = run.plan.num_shards
+            todo, doing, poisoned = run.todo_shards(), len(run.doing), len(run.poisoned)
+            out.datasets.append(pb.DatasetProgress(
+                name=run.spec.name, epoch=run.epoch, num_epochs=run.spec.num_epochs,
+                shards_per_epoch=n, todo_shards=todo, doing_shards=doing,
+                done_shards=n - todo - doing - poisoned, poisoned_shards=poisoned,
+                records_per_epoch=run.plan.num_records,
+                records_done_epoch=run.records_done_epoch,
+                records_done_total=run.records_done_total, finished=run.finished,
+                poisoned_shard_ids=sorted(run.poisoned)[:_MAX_POISONED_IDS],
+                seconds_per_record=run.seconds_per_record))
+        for t in self._tasks.values():
+            out.tasks.append(pb.TaskProgress(
+                task=t.task_id(), state="dead" if t.dead else "active",
+                shards_done=t.shards_done, records_done=t.records_done,
+                doing_shards=len(t.leases), failures=t.failures,
+                seconds_per_record=t.seconds_per_record))
+        return out
+
+    def lease(self, dataset: str, lease_id: int) -> Optional[_Lease]:
+        return self._run(dataset).doing.get(lease_id)
+
+    # ---------------------------------------------------------------- commands
+
+    def attach_journal(self, journal: Callable[[pb.JournalEntry], None]) -> None:
+        """Every later event is passed to ``journal`` before it is applied."""
+        self._journal = journal
+
+    def _commit(self, entry: pb.JournalEntry):
+        if self._journal is not None:
+            self._journal(entry)
+        return self.apply(entry)
+
+    def _now(self) -> float:
+        return self._clock()
+
+    def register_dataset(self, spec: DatasetSpec) -> tuple[bool, int, int]:
+        """Registers ``spec``; idempotent for an identical spec. Returns
+        (created, shards per epoch, records per epoch)."""
+        existing = self._runs.get(spec.name)
+        if existing is not None:
+            if existing.spec != spec:
+                raise DatasetConflict(
+                    f"dataset {spec.name!r} is already registered with different parameters "
+                    f"({_describe_spec_diff(existing.spec, spec)}); use a new name or restart "
+                    "the job with a fresh state_dir")
+            return False, existing.plan.num_shards, existing.plan.num_records
+        self._commit(pb.JournalEntry(time=self._now(), register=spec_to_proto(spec)))
+        run = self._runs[spec.name]
+        return True, run.plan.num_shards, run.plan.num_records
+
+    def _admit(self, task: pb.TaskId) -> _Task:
+        """The task record for a GetShard: registers new tasks and newer incarnations."""
+        validate_task(task)
+        t = self._tasks.get(f"{task.type}:{task.index}")
+        if t is None or task.incarnation > t.incarnation:
+            self._commit(pb.JournalEntry(time=self._now(), task_joined=task))
+            return self._tasks[f"{task.type}:{task.index}"]
+        return self._known_task(task)
+
+    def get_shard(self, dataset: str, task: pb.TaskId, request_id: int = 0) -> pb.GetShardResponse:
+        run = self._run(dataset)
+        t = self._admit(task)
+        if request_id:
+            last = t.last_request.get(dataset)
+            if last is not None and last[0] == request_id:
+                lease = run.doing.get(last[1])
+                if lease is not None and lease.task_key == t.key:
+                    return pb.GetShardResponse(status=pb.GetShardResponse.SHARD,
+                                               shard=self._shard_msg(run, lease))
+        if run.finished:
+            return pb.GetShardResponse(status=pb.GetShardResponse.END)
+        if not run.requeue and run.cursor >= run.plan.num_shards:
+            return pb.GetShardResponse(status=pb.GetShardResponse.WAIT,
+                                       retry_after_seconds=self._retry_after(run))
+        shard_id, offset = run.requeue[0] if run.requeue else (run.order(run.cursor), 0)
+        remaining = run.plan.shard_length(shard_id) - offset
+        entry = pb.JournalEntry(time=self._now(), issue=pb.IssueEvent(
+            dataset=dataset, task=task, lease_id=self._next_lease_id,
+            lease_seconds=self._lease_seconds(run, t, remaining), request_id=request_id))
+        lease = self._commit(entry)
+        return pb.GetShardResponse(status=pb.GetShardResponse.SHARD,
+                                   shard=self._shard_msg(run, lease))
+
+    def report_shard(self, req: pb.ReportShardRequest) -> pb.ReportShardResponse:
+        run = self._run(req.dataset)
+        t = self._known_task(req.task)
+        if req.outcome not in (Outcome.DONE, Outcome.FAILED, Outcome.PROGRESS):
+            raise InvalidRequest(f"report outcome must be DONE, FAILED or PROGRESS, got {req.outcome}")
+        if req.records_processed < 0:
+            raise InvalidRequest(f"records_processed must be >= 0, got {req.records_processed}")
+        lease = run.doing.get(req.lease_id)
+        if lease is None or lease.task_key != t.key or lease.incarnation != req.task.incarnation:
+            if req.outcome == Outcome.DONE and req.lease_id in t.recent_done:
+                resp = pb.ReportShardResponse(result=pb.ReportShardResponse.DUPLICATE)
+                if req.get_next:
+                    resp.next.CopyFrom(self.get_shard(req.dataset, req.task, req.next_request_id))
+                return resp
+            raise LeaseNotHeld(
+                f"lease {req.lease_id} (dataset {req.dataset}, shard {req.shard_id}, epoch "
+                f"{req.epoch}) is not held by {task_name(req.task)}: it was re-issued after a "
+                "failure, expiry or restore, or already settled; these records were not counted, "
+                "drop the shard and ask for the next one")
+        if lease.shard_id != req.shard_id or lease.epoch != req.epoch:
+            raise InvalidRequest(
+                f"lease {lease.lease_id} is for shard {lease.shard_id} epoch {lease.epoch}, the "
+                f"report names shard {req.shard_id} epoch {req.epoch}")
+        if req.records_processed > lease.length:
+            raise InvalidRequest(
+                f"records_processed {req.records_processed} exceeds the lease's {lease.length} "
+                f"records (shard {lease.shard_id})")
+        if req.outcome == Outcome.DONE and req.records_processed != lease.length:
+            raise InvalidRequest(
+                f"DONE must report all {lease.length} records of lease {lease.lease_id}, got "
+                f"{req.records_processed}; report FAILED to give back the rest")
+        if req.records_processed < lease.applied:
+            raise InvalidRequest(
+                f"records_processed {req.records_processed} is below the {lease.applied} already "
+                f"reported for lease {lease.lease_id}; progress never goes back")
+        kind = {Outcome.DONE: Settle.DONE, Outcome.FAILED: Settle.FAILED,
+                Outcome.PROGRESS: Settle.PROGRESS}[req.outcome]
+        lease_seconds = 0.0
+        if kind == Settle.PROGRESS:
+            lease_seconds = self._lease_seconds(run, t, lease.length - req.records_processed)
+        self._commit(pb.JournalEntry(time=self._now(), settle=pb.SettleEvent(
+            dataset=req.dataset, lease_id=lease.lease_id, kind=kind,
+            records_processed=req.records_processed, lease_seconds=lease_seconds)))
+        resp = pb.ReportShardResponse(result=pb.ReportShardResponse.ACCEPTED)
+        if req.get_next:
+            resp.next.CopyFrom(self.get_shard(req.dataset, req.task, req.next_request_id))
+        return resp
+
+    def report_task_failure(self, task: pb.TaskId) -> int:
+        """Declares ``task`` dead; its leases go back to TODO now. Returns how many.
+
+        A late report about an incarnation that was already replaced is accepted and
+        changes nothing (its leases were released when the new incarnation joined)."""
+        validate_task(task)
+        t = self._tasks.get(f"{task.type}:{task.index}")
+        if t is None:
+            raise UnknownTask(f"unknown task {task_name(task)}: it never asked for a shard")
+        if task.incarnation < t.incarnation or (task.incarnation == t.incarnation and t.dead):
+            return 0
+        released = len(t.leases)
+        self._commit(pb.JournalEntry(time=self._now(), task_failed=task))
+        return released
+
+    def expire_leases(self) -> int:
+        """Takes back leases whose holders stopped reporting. Returns how many."""
+        now = self._now()
+        expired = 0
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, lease_id, dataset = heapq.heappop(self._deadlines)
+            run = self._runs.get(dataset)
+            lease = run.doing.get(lease_id) if run else None
+            if lease is None or lease.deadline != deadline:
+                continue  # settled or renewed
+            self._commit(pb.JournalEntry(time=now, settle=pb.SettleEvent(
+                dataset=dataset, lease_id=lease_id, kind=Settle.EXPIRED,
+                records_processed=lease.applied)))
+            expired += 1
+        return expired
+
+    def restore_state(self, state: pb.ShardingState) -> tuple[list[str], int]:
+        """Rolls the datasets in ``state`` back to it (see RestoreStateRequest)."""
+        self._check_state(state, keep_doing=False)
+        for ds in state.datasets:
+            run = self._runs.get(ds.spec.name)
+            if run is not None and run.spec != spec_from_proto(ds.spec):
+                raise IncompatibleState(
+                    f"dataset {ds.spec.name!r}: the snapshot was taken with different parameters "
+                    f"({_describe_spec_diff(run.spec, spec_from_proto(ds.spec))})")
+        self._commit(pb.JournalEntry(time=self._now(), restore=state))
+        return ([ds.spec.name for ds in state.datasets],
+                sum(len(ds.doing) for ds in state.datasets))
+
+    # ---------------------------------------------------------------- snapshot
+
+    def snapshot(self, datasets: Iterable[str] = (), with_tasks: bool = True) -> pb.ShardingState:
+        names = list(datasets) or list(self._runs)
+        out = pb.ShardingState(format_version=STATE_FORMAT_VERSION, next_lease_id=self._next_lease_id)
+        for name in names:
+            run = self._run(name)
+            ds = out.datasets.add(epoch=run.epoch, cursor=run.cursor,
+                                  records_done_epoch=run.records_done_epoch,
+                                  records_done_total=run.records_done_total,
+                                  seconds_per_record=run.seconds_per_record)
+            ds.spec.CopyFrom(spec_to_proto(run.spec))
+            for shard_id, offset in run.requeue:
+                ds.requeued.add(shard_id=shard_id, offset=offset,
+                                failures=run.failures.get(shard_id, 0))
+            for lease in run.doing.values():
+                holder = self._tasks[lease.task_key]
+                ds.doing.add(shard_id=lease.shard_id, offset=lease.offset, applied=lease.applied,
+                             failures=run.failures.get(lease.shard_id, 0), lease_id=lease.lease_id,
+                             holder=pb.TaskId(type=holder.type, index=holder.index,
+                                              incarnation=lease.incarnation))
+            for shard_id, offset in run.poisoned.items():
+                ds.poisoned.add(shard_id=shard_id, offset=offset,
+                                failures=run.failures.get(shard_id, 0))
+            listed = set(run.poisoned) | {s for s, _ in run.requeue} | {
+                le.shard_id for le in run.doing.values()}
+            for shard_id, count in run.failures.items():
+                if shard_id not in listed:
+                    ds.failure_counts.add(shard_id=shard_id, failures=count)
+        if with_tasks:
+            for t in self._tasks.values():
+                out.tasks.add(task=t.task_id(), dead=t.dead, shards_done=t.shards_done,
+                              records_done=t.records_done, failures=t.failures,
+                              seconds_per_record=t.seconds_per_record,
+                              recent_done_leases=list(t.recent_done))
+        return out
+
+    def load(self, state: pb.ShardingState) -> None:
+        """Replaces everything with a snapshot written by :meth:`snapshot` (master restart):
+        leases stay with their holders, who may still report them."""
+        try:
+            self._check_state(state, keep_doing=True)
+        except (InvalidRequest, IncompatibleState) as e:
+            raise CorruptState(f"state snapshot is inconsistent: {e}") from e
+        self._runs.clear()
+        self._tasks.clear()
+        self._deadlines.clear()
+        for ts in state.tasks:
+            t = _Task(ts.task)
+            t.dead, t.shards_done, t.records_done = ts.dead, ts.shards_done, ts.records_done
+            t.failures, t.seconds_per_record = ts.failures, ts.seconds_per_record
+            t.recent_done.extend(ts.recent_done_leases)
+            self._tasks[t.key] = t
+        now = self._now()
+        for ds in state.datasets:
+            self._runs[ds.spec.name] = self._run_from_state(ds, keep_doing=True, now=now)
+        self._next_lease_id = max(self._next_lease_id, state.next_lease_id)
+
+    def grant_grace(self) -> None:
+        """After a master restart: every lease gets a full new term, counted from now,
+        so holders that kept working while the master was down can still report."""
+        now = self._now()
+        self._deadlines.clear()
+        for name, run in self._runs.items():
+            for lease in run.doing.values():
+                lease.deadline = now + lease.lease_seconds
+                heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id, name))
+
+    # ------------------------------------------------------------------ events
+
+    def apply(self, entry: pb.JournalEntry):
+        """Applies one validated event. Also the replay path of a restarted master."""
+        kind = entry.WhichOneof("event")
+        if kind == "register":
+            spec = spec_from_proto(entry.register)
+            self._runs[spec.name] = _Run(spec)
+            return None
+        if kind == "task_joined":
+            return self._apply_task_joined(entry.task_joined, entry.time)
+        if kind == "issue":
+            return self._apply_issue(entry.issue, entry.time)
+        if kind == "settle":
+            return self._apply_settle(entry.settle, entry.time)
+        if kind == "task_failed":
+            t = self._tasks[f"{entry.task_failed.type}:{entry.task_failed.index}"]
+            if entry.task_failed.incarnation > t.incarnation:
+                self._apply_task_joined(entry.task_failed, entry.time)
+            self._release_all(t)
+            t.dead = True
+            return None
+        if kind == "restore":
+            return self._apply_restore(entry.restore, entry.time)
+        raise CorruptState(f"journal entry without a known event: {entry}")
+
+    def _apply_task_joined(self, task: pb.TaskId, now: float):
+        key = f"{task.type}:{task.index}"
+        t = self._tasks.get(key)
+        if t is None:
+            t = self._tasks[key] = _Task(task)
+        else:
+            self._release_all(t)  # the old incarnation is gone
+            t.incarnation, t.dead = task.incarnation, False
+            t.last_request.clear()
+        return t
+
+    def _apply_issue(self, ev: pb.IssueEvent, now: float) -> _Lease:
+        run = self._runs[ev.dataset]
+        t = self._tasks[f"{ev.task.type}:{ev.task.index}"]
+        if run.requeue:
+            shard_id, offset = run.requeue.popleft()
+        else:
+            shard_id, offset = run.order(run.cursor), 0
+            run.cursor += 1
+        lease = _Lease(ev.lease_id, ev.dataset, shard_id, run.epoch, offset,
+                       run.plan.shard_length(shard_id) - offset, t.key, ev.task.incarnation, now,
+                       ev.lease_seconds, run.failures.get(shard_id, 0))
+        run.doing[lease.lease_id] = lease
+        t.leases.add(lease.lease_id)
+        if ev.request_id:
+            t.last_request[ev.dataset] = (ev.request_id, lease.lease_id)
+        self._next_lease_id = max(self._next_lease_id, ev.lease_id + 1)
+        heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id, ev.dataset))
+        return lease
+
+    def _apply_settle(self, ev: pb.SettleEvent, now: float):
+        run = self._runs[ev.dataset]
+        lease = run.doing[ev.lease_id]
+        t = self._tasks[lease.task_key]
+        if ev.kind == Settle.PROGRESS:
+            self._count_applied(run, t, lease, ev.records_processed)
+            lease.lease_seconds = ev.lease_seconds
+            lease.deadline = now + ev.lease_seconds
+            heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id, ev.dataset))
+            return lease
+        del run.doing[lease.lease_id]
+        t.leases.discard(lease.lease_id)
+        if ev.kind == Settle.DONE:
+            self._count_applied(run, t, lease, lease.length)
+            spr = (now - lease.issued_at) / max(1, lease.length)
+            t.seconds_per_record = _ewma(t.seconds_per_record, spr, 0.3)
+            run.seconds_per_record = _ewma(run.seconds_per_record, spr, 0.1)
+            t.shards_done += 1
+            t.recent_done.append(lease.lease_id)
+            run.failures.pop(lease.shard_id, None)
+        else:  # FAILED or EXPIRED
+            self._count_applied(run, t, lease, ev.records_processed)
+            self._give_back(run, lease, count_failure=True)
+            t.failures += 1
+        self._maybe_next_epoch(run)
+        return lease
+
+    def _count_applied(self, run: _Run, t: _Task, lease: _Lease, applied: int) -> None:
+        """Counts the records trained since the last report exactly once."""
+        delta = applied - lease.applied
+        lease.applied = applied
+        run.records_done_epoch += delta
+        run.records_done_total += delta
+        t.records_done += delta
+
+    def _give_back(self, run: _Run, lease: _Lease, count_failure: bool) -> None:
+        offset = lease.offset + lease.applied
+        if offset >= run.plan.shard_length(lease.shard_id):
+            return  # every record was trained: the shard is DONE
+        if count_failure:
+            failures = run.failures[lease.shard_id] = run.failures.get(lease.shard_id, 0) + 1
+            if failures >= self.config.max_failures:
+                run.poisoned[lease.shard_id] = offset
+                return
+        run.requeue.append((lease.shard_id, offset))
+
+    def _release_all(self, t: _Task) -> None:
+        for lease_id in sorted(t.leases):
+            for run in self._runs.values():
+                lease = run.doing.pop(lease_id, None)
+                if lease is not None:
+                    self._give_back(run, lease, count_failure=True)
+                    t.failures += 1
+                    self._maybe_next_epoch(run)
+                    break
+        t.leases.clear()
+
+    def _maybe_next_epoch(self, run: _Run) -> None:
+        if (run.finished or run.cursor < run.plan.num_shards or run.requeue or run.doing):
+            return
+        run.epoch += 1
+        if run.finished:
+            return  # keep the last epoch's counts and poisoned shards for the report
+        run.cursor = 0
+        run.records_done_epoch = 0
+        run.failures.clear()
+        run.poisoned.clear()
+        run.order = run.plan.order(run.epoch)
+
+    def _apply_restore(self, state: pb.ShardingState, now: float):
+        # Leases finished after the snapshot are undone: a repeated DONE for one of them
+        # must not be answered DUPLICATE (as if it still counted).
+        for t in self._tasks.values():
+            t.recent_done.clear()
+        for ds in state.datasets:
+            old = self._runs.get(ds.spec.name)
+            if old is not None:
+                for lease in old.doing.values():
+                    self._tasks[lease.task_key].leases.discard(lease.lease_id)
+            self._runs[ds.spec.name] = self._run_from_state(ds, keep_doing=False, now=now)
+        self._next_lease_id = max(self._next_lease_id, state.next_lease_id)
+
+    def _run_from_state(self, ds: pb.DatasetState, keep_doing: bool, now: float) -> _Run:
+        run = _Run(spec_from_proto(ds.spec))
+        run.epoch, run.cursor = ds.epoch, ds.cursor
+        if not run.finished:
+            run.order = run.plan.order(run.epoch)
+        run.records_done_epoch = ds.records_done_epoch
+        run.records_done_total = ds.records_done_total
+        run.seconds_per_record = ds.seconds_per_record
+        for r in list(ds.requeued) + list(ds.doing) + list(ds.poisoned) + list(ds.failure_counts):
+            if r.failures:
+                run.failures[r.shard_id] = r.failures
+        run.requeue.extend((r.shard_id, r.offset) for r in ds.requeued)
+        for r in ds.doing:
+            if keep_doing:
+                t = self._tasks[f"{r.holder.type}:{r.holder.index}"]
+                length = run.plan.shard_length(r.shard_id) - r.offset
+                lease = _Lease(r.lease_id, run.spec.name, r.shard_id, run.epoch, r.offset, length,
+                               t.key, r.holder.incarnation, now, self.config.initial_seconds,
+                               r.failures)
+                lease.applied = r.applied
+                run.doing[lease.lease_id] = lease
+                t.leases.add(lease.lease_id)
+                heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id, run.spec.name))
+            elif r.offset + r.applied < run.plan.shard_length(r.shard_id):
+                run.requeue.append((r.shard_id, r.offset + r.applied))
+            # else: every record was trained before the snapshot; the shard is DONE
+        run.poisoned.update((r.shard_id, r.offset) for r in ds.poisoned)
+        self._maybe_next_epoch(run)  # a DOING shard may have been fully trained already
+        return run
+
+    def _check_state(self, state: pb.ShardingState, keep_doing: bool) -> None:
+        """Validates an untrusted snapshot completely before anything is applied."""
+        if state.format_version != STATE_FORMAT_VERSION:
+            raise IncompatibleState(
+                f"sharding state format version {state.format_version} is not supported "
+                f"(this master reads version {STATE_FORMAT_VERSION})")
+        names = set()
+        for ds in state.datasets:
+            spec = spec_from_proto(ds.spec)  # raises InvalidRequest
+            if spec.name in names:
+                raise InvalidRequest(f"dataset {spec.name!r} appears twice in the state")
+            names.add(spec.name)
+            plan = ShardPlan(spec)
+            where = f"state of dataset {spec.name!r}"
+            if not 0 <= ds.epoch <= spec.num_epochs:
+                raise InvalidRequest(f"{where}: epoch {ds.epoch} not in [0, {spec.num_epochs}]")
+            if not 0 <= ds.cursor <= plan.num_shards:
+                raise InvalidRequest(f"{where}: cursor {ds.cursor} not in [0, {plan.num_shards}]")
+            if not 0 <= ds.records_done_epoch <= plan.num_records or ds.records_done_total < 0:
+                raise InvalidRequest(f"{where}: record counts out of range")
+            order = plan.order(min(ds.epoch, spec.num_epochs - 1))
+            seen: set[int] = set()
+            lease_ids = [r.lease_id for r in ds.doing]
+            if keep_doing and (len(set(lease_ids)) != len(lease_ids) or min(lease_ids, default=1) < 1
+                               or max(lease_ids, default=0) >= state.next_lease_id):
+                raise InvalidRequest(f"{where}: lease ids of DOING shards are not unique "
+                                     "and below next_lease_id")
+            groups = (("requeued", ds.requeued), ("doing", ds.doing), ("poisoned", ds.poisoned),
+                      ("failure_counts", ds.failure_counts))
+            for group, items in groups:
+                for r in items:
+                    if not 0 <= r.shard_id < plan.num_shards:
+                        raise InvalidRequest(f"{where}: {group} shard {r.shard_id} out of range")
+                    if r.shard_id in seen:
+                        raise InvalidRequest(f"{where}: shard {r.shard_id} is listed twice")
+                    seen.add(r.shard_id)
+                    if group != "failure_counts" and not (
+                            0 <= r.offset < plan.shard_length(r.shard_id)):
+                        raise InvalidRequest(f"{where}: shard {r.shard_id} offset {r.offset} "
+                                             "out of range")
+                    if not 0 <= r.applied <= plan.shard_length(r.shard_id) - r.offset or (
+                            r.applied and group != "doing"):
+                        raise InvalidRequest(f"{where}: shard {r.shard_id} applied count "
+                                             f"{r.applied} out of range")
+                    if order.inverse(r.shard_id) >= ds.cursor:
+                        raise InvalidRequest(f"{where}: shard {r.shard_id} is listed but was "
+                                             "never issued (beyond the cursor)")
+                    if r.failures < 0:
+                        raise InvalidRequest(f"{where}: negative failure count")
+                    if group == "doing" and keep_doing:
+                        validate_task(r.holder)
+                        if not any(ts.task.type == r.holder.type and ts.task.index == r.holder.index
+                                   for ts in state.tasks):
+                            raise InvalidRequest(f"{where}: lease {r.lease_id} holder "
+                                                 f"{task_name(r.holder)} is not in the task table")
+
+    # ----------------------------------------------------------------- helpers
+
+    def _shard_msg(self, run: _Run, lease: _Lease) -> pb.Shard:
+        g = run.plan.geometry(lease.shard_id)
+        return pb.Shard(dataset=run.spec.name, shard_id=lease.shard_id, epoch=lease.epoch,
+                        lease_id=lease.lease_id, start=g.start + lease.offset, length=lease.length,
+                        file=g.file, file_start=g.file_start + lease.offset, shard_start=g.start,
+                        shard_length=g.length, attempt=lease.attempt,
+                        lease_seconds=lease.lease_seconds)
+
+    def _lease_seconds(self, run: _Run, t: _Task, records: int) -> float:
+        spr = max(t.seconds_per_record, run.seconds_per_record)
+        if spr <= 0:
+            return self.config.initial_seconds
+        expected = self.config.factor * spr * max(1, records)
+        return min(self.config.max_seconds, max(self.config.min_seconds, expected))
+
+    def _retry_after(self, run: _Run) -> float:
+        expected = run.seconds_per_record * run.spec.records_per_shard
+        return min(1.0, max(0.05, expected / 4))
+
+
+def _describe_spec_diff(old: DatasetSpec, new: DatasetSpec) -> str:
+    diffs = []
+    for field in dataclasses.fields(DatasetSpec):
+        a, b = getattr(old, field.name), getattr(new, field.name)
+        if a != b:
+            if field.name == "files":
+                a, b = f"{len(a)} files", f"{len(b)} files"
+            diffs.append(f"{field.name}: registered {a!r}, now {b!r}")
+    return "; ".join(diffs)

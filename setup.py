@@ -1,0 +1,36 @@
+"""antdt-tf: straggler-tolerant parameter-server training for TensorFlow."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="antdt-tf",
+    version="0.1.0",
+    description="Straggler-tolerant parameter-server training for TensorFlow (AntDT design)",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["antdt_tf", "antdt_tf.*"]),
+    package_data={"antdt_tf.proto": ["*.pyi"]},
+    install_requires=[
+        "grpcio>=1.85.1",
+        "grpcio-health-checking>=1.85.1",
+        "protobuf>=7.35.1",  # the generated code checks this at import
+        "absl-py>=2.1",
+        "tqdm>=4.66",
+        "psutil>=5.9",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
+            "grpcio-tools==1.85.1",  # pinned: tests check the checked-in stubs are in sync
+        ],
+    },
+    entry_points={
+        "console_scripts": [
+            "antdt-master=antdt_tf.master:run",
+            "antdt-sharding-demo=antdt_tf.sharding_demo:run",
+        ],
+    },
+)

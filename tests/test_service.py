@@ -1,0 +1,158 @@
+"""The gRPC service in-process on a loopback port, driven by real gRPC clients."""
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from antdt_tf import errors
+from antdt_tf.proto import sharding_pb2 as pb
+from antdt_tf.sharding.client import ShardingClient, Task
+from antdt_tf.sharding.plan import DatasetSpec
+from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+from antdt_tf.sharding.state import LeaseConfig, ShardState
+from antdt_tf.sharding.store import StateStore, open_state
+
+SPEC = DatasetSpec("train", records_per_shard=10, num_records=100, shuffle=True, seed=5)
+
+
+@pytest.fixture
+def master():
+    with BackgroundMaster(ShardingServicer(ShardState(LeaseConfig()))) as m:
+        yield m
+
+
+@pytest.fixture
+def client(master):
+    with ShardingClient(master.address, Task("worker", 0), timeout=10) as c:
+        c.register_dataset(SPEC)
+        yield c
+
+
+def snapshot_bytes(master):
+    return master.call(lambda: master.server.servicer.state.snapshot().SerializeToString(
+        deterministic=True))
+
+
+def test_pull_report_and_progress_over_grpc(client):
+    seen = []
+    for shard in client.shards("train"):
+        seen.append((shard.start, shard.length))
+        assert client.report_done(shard).result == pb.ReportShardResponse.ACCEPTED
+    assert sorted(seen) == [(i, 10) for i in range(0, 100, 10)]
+    p = client.progress("train")
+    assert p.datasets[0].finished and p.datasets[0].records_done_epoch == 100
+    assert p.tasks[0].shards_done == 10 and p.tasks[0].state == "active"
+
+
+def test_report_with_get_next_is_one_round_trip_per_shard(client):
+    resp = client.get_shard("train")
+    count = 0
+    while resp.status == pb.GetShardResponse.SHARD:
+        count += 1
+        resp = client.report_done(resp.shard, get_next=True).next
+    assert count == 10 and resp.status == pb.GetShardResponse.END
+
+
+def test_health_service_reports_serving(master):
+    with grpc.insecure_channel(master.address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        for service in ("", "antdt.v1.ShardingService"):
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_save_and_restore_state_round_trip_through_bytes(client, master):
+    shard = client.get_shard("train").shard
+    client.report_done(shard)
+    held = client.get_shard("train").shard
+    saved = client.save_state(["train"])
+    assert isinstance(saved, bytes)
+    client.report_done(held)
+    resp = client.restore_state(saved)
+    assert list(resp.datasets) == ["train"] and resp.requeued_shards == 1
+    with pytest.raises(errors.LeaseNotHeld):
+        client.report_done(held)
+    assert client.get_shard("train").shard.shard_id == held.shard_id
+
+
+@pytest.mark.parametrize("call,code,error", [
+    (lambda c: c.get_shard("nope"), grpc.StatusCode.NOT_FOUND, errors.UnknownDataset),
+    (lambda c: c.get_shard("train", Task("Worker!", 0)), grpc.StatusCode.INVALID_ARGUMENT,
+     errors.InvalidRequest),
+    (lambda c: c.register_dataset(DatasetSpec("train", records_per_shard=20, num_records=100)),
+     grpc.StatusCode.ALREADY_EXISTS, errors.DatasetConflict),
+    (lambda c: c.register_dataset(pb.DatasetSpec(name="x", records_per_shard=0, num_records=5,
+                                                  num_epochs=1)),
+     grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidRequest),
+    (lambda c: c.register_dataset(pb.DatasetSpec(name="x", records_per_shard=5, num_records=-5,
+                                                  num_epochs=1)),
+     grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidRequest),
+    (lambda c: c.report_task_failure(Task("worker", 7)), grpc.StatusCode.NOT_FOUND,
+     errors.UnknownTask),
+    (lambda c: c.restore_state(pb.ShardingState(format_version=2)),
+     grpc.StatusCode.FAILED_PRECONDITION, errors.IncompatibleState),
+    (lambda c: c.restore_state(b"\xff\xff\xff"), None, errors.IncompatibleState),
+])
+def test_bad_calls_get_a_specific_status_and_change_nothing(client, master, call, code, error):
+    client.get_shard("train")
+    before = snapshot_bytes(master)
+    with pytest.raises(error) as info:
+        call(client)
+    if code is not None:
+        assert info.value.__cause__.code() == code
+        assert str(info.value)  # an actionable message, not empty
+    assert snapshot_bytes(master) == before
+
+
+def test_stale_incarnation_and_foreign_lease_are_failed_precondition(client, master):
+    shard = client.get_shard("train").shard
+    relaunched = Task("worker", 0, incarnation=1)
+    client.get_shard("train", relaunched)            # the old incarnation is replaced
+    with pytest.raises(errors.StaleIncarnation) as info:
+        client.report_done(shard)
+    assert info.value.__cause__.code() == grpc.StatusCode.FAILED_PRECONDITION
+    other = client.get_shard("train", Task("worker", 1)).shard
+    with pytest.raises(errors.LeaseNotHeld) as info:
+        client.report_done(other, task=relaunched)
+    assert info.value.__cause__.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_malformed_bytes_are_invalid_argument_not_a_crash(client, master):
+    before = snapshot_bytes(master)
+    with grpc.insecure_channel(master.address) as ch:
+        raw = ch.unary_unary("/antdt.v1.ShardingService/GetShard",
+                             request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as info:
+            raw(b"\x0a\xff\xff\xff\xff\x0f", timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed" in info.value.details()
+        unknown = ch.unary_unary("/antdt.v2.ShardingService/GetShard",
+                                 request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as info:
+            unknown(b"", timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert snapshot_bytes(master) == before
+    assert client.get_shard("train").status == pb.GetShardResponse.SHARD  # still serving
+
+
+def test_persistent_master_restart_in_process_keeps_leases(tmp_path):
+    def start():
+        state, store = ShardState(LeaseConfig()), StateStore(tmp_path / "s")
+        open_state(store, state)
+        return BackgroundMaster(ShardingServicer(state, store)).start()
+
+    m = start()
+    c = ShardingClient(m.address, Task("worker", 0), timeout=10)
+    c.register_dataset(SPEC)
+    done = c.get_shard("train").shard
+    c.report_done(done)
+    held = c.get_shard("train").shard
+    m.stop()
+    m2 = start()
+    c2 = ShardingClient(m2.address, Task("worker", 0), timeout=10)
+    assert c2.report_done(done).result == pb.ReportShardResponse.DUPLICATE
+    assert c2.report_done(held).result == pb.ReportShardResponse.ACCEPTED
+    assert c2.progress("train").datasets[0].done_shards == 2
+    c.close()
+    c2.close()
+    m2.stop()
