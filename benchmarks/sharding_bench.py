@@ -1,12 +1,14 @@
 """Sharding service benchmark: GetShard+ReportShard pairs/s and latency, plan memory.
 
 Starts a real ``antdt-master`` (loopback, persistent state_dir, fsync=interval) and
-drives it from separate load-generator processes (grpc.aio), 1, 8 and 64 concurrent
+drives it from a separate load-generator process (grpc.aio), 1, 8 and 64 concurrent
 clients, in two modes:
 
 - ``2 RPCs``: GetShard, then ReportShard(DONE): one pair = two round trips.
 - ``piggyback``: ReportShard(DONE, get_next=True): the report also returns the next
-  shard, one round trip per pair (how antdt-tf's own trainers pull).
+  shard, one unary round trip per pair.
+- ``stream``: the same report+next as messages on one ShardStream per client (a
+  trainer's long-lived session; how antdt-tf's own trainers pull).
 
 Load generators share the 2 cores with the master, so the numbers are a lower bound
 for a master on its own host. Also measures the master's RSS growth and time to
@@ -56,7 +58,28 @@ async def _client_loop(stub, dataset, task, until, piggyback, latencies):
         latencies.append(time.perf_counter() - t0)
 
 
-def _load_process(address, dataset, first_task, clients, start_at, seconds, piggyback, queue):
+async def _stream_loop(stub, dataset, task, until, latencies):
+    call = stub.ShardStream()
+    await call.write(pb.ShardStreamRequest(seq=1, get_shard=pb.GetShardRequest(
+        dataset=dataset, task=task)))
+    resp = (await call.read()).get_shard
+    seq = 1
+    while time.perf_counter() < until:
+        assert resp.status == SHARD, resp
+        s = resp.shard
+        seq += 1
+        t0 = time.perf_counter()
+        await call.write(pb.ShardStreamRequest(seq=seq, report_shard=pb.ReportShardRequest(
+            dataset=dataset, task=task, lease_id=s.lease_id, shard_id=s.shard_id, epoch=s.epoch,
+            outcome=pb.ReportShardRequest.DONE, records_processed=s.length, get_next=True)))
+        answer = await call.read()
+        assert not answer.HasField("error"), answer.error
+        resp = answer.report_shard.next
+        latencies.append(time.perf_counter() - t0)
+    await call.done_writing()
+
+
+def _load_process(address, dataset, first_task, clients, start_at, seconds, mode, queue):
     async def run():
         async with grpc.aio.insecure_channel(address) as channel:
             stub = pb_grpc.ShardingServiceStub(channel)
@@ -64,14 +87,18 @@ def _load_process(address, dataset, first_task, clients, start_at, seconds, pigg
             while time.time() < start_at:
                 await asyncio.sleep(0.01)
             until = time.perf_counter() + seconds
-            await asyncio.gather(*[
-                _client_loop(stub, dataset, pb.TaskId(type="worker", index=first_task + i),
-                             until, piggyback, latencies) for i in range(clients)])
+            tasks = [pb.TaskId(type="worker", index=first_task + i) for i in range(clients)]
+            if mode == "stream":
+                loops = [_stream_loop(stub, dataset, t, until, latencies) for t in tasks]
+            else:
+                loops = [_client_loop(stub, dataset, t, until, mode == "piggyback", latencies)
+                         for t in tasks]
+            await asyncio.gather(*loops)
             return latencies
     queue.put(asyncio.run(run()))
 
 
-def measure(address, dataset, clients, seconds, piggyback, procs=2):
+def measure(address, dataset, clients, seconds, mode, procs=1):
     procs = min(procs, clients)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -81,7 +108,7 @@ def measure(address, dataset, clients, seconds, piggyback, procs=2):
         share = clients // procs + (1 if p < clients % procs else 0)
         first = sum(clients // procs + (1 if q < clients % procs else 0) for q in range(p))
         w = ctx.Process(target=_load_process, args=(address, dataset, first + 1000 * clients,
-                                                    share, start_at, seconds, piggyback, queue))
+                                                    share, start_at, seconds, mode, queue))
         w.start()
         workers.append(w)
     latencies = []
@@ -123,10 +150,10 @@ def main():
         register_s = time.perf_counter() - t0
         rss1 = proc.memory_info().rss
         rows = []
-        for piggyback in (False, True):
+        for mode in ("2 RPCs", "piggyback", "stream"):
             for clients in (1, 8, 64):
-                r = measure(address, "big", clients, args.seconds, piggyback)
-                r.update(clients=clients, mode="piggyback" if piggyback else "2 RPCs")
+                r = measure(address, "big", clients, args.seconds, mode)
+                r.update(clients=clients, mode=mode)
                 rows.append(r)
                 print(f"{r['mode']:>9} clients={clients:<3} {r['pairs_s']:8.0f} pairs/s  "
                       f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms", flush=True)

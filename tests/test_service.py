@@ -156,3 +156,54 @@ def test_persistent_master_restart_in_process_keeps_leases(tmp_path):
     c.close()
     c2.close()
     m2.stop()
+
+
+def test_stream_has_the_unary_semantics_and_errors(client, master):
+    with client.stream() as stream:
+        resp = stream.get_shard("train")
+        first = resp.shard
+        seen = 0
+        while resp.status == pb.GetShardResponse.SHARD:
+            seen += 1
+            resp = stream.report_done(resp.shard, get_next=True).next
+        assert seen == 10 and resp.status == pb.GetShardResponse.END
+        assert stream.report_done(first).result == pb.ReportShardResponse.DUPLICATE
+        with pytest.raises(errors.UnknownDataset):
+            stream.get_shard("nope")
+        bogus = pb.Shard(dataset="train", lease_id=999, shard_id=first.shard_id, length=10)
+        with pytest.raises(errors.LeaseNotHeld):
+            stream.report_done(bogus)
+        assert stream.get_shard("train").status == pb.GetShardResponse.END  # still open
+    assert client.progress("train").datasets[0].records_done_epoch == 100
+
+
+def test_stream_answers_malformed_messages_in_stream(master):
+    with grpc.insecure_channel(master.address) as ch:
+        raw = ch.stream_stream("/antdt.v1.ShardingService/ShardStream",
+                               request_serializer=lambda b: b,
+                               response_deserializer=pb.ShardStreamResponse.FromString)
+        responses = list(raw(iter([b"\x0a\xff\xff\xff\xff\x0f", b""]), timeout=5))
+    assert [r.error.type for r in responses] == ["InvalidRequest", "InvalidRequest"]
+    assert "malformed" in responses[0].error.message
+    assert responses[0].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+def test_stream_reconnects_across_a_master_restart(tmp_path):
+    def start(port=0):
+        state, store = ShardState(LeaseConfig()), StateStore(tmp_path / "s")
+        open_state(store, state)
+        return BackgroundMaster(ShardingServicer(state, store), port=port).start()
+
+    m = start()
+    c = ShardingClient(m.address, Task("worker", 0), timeout=20)
+    c.register_dataset(SPEC)
+    stream = c.stream()
+    held = stream.get_shard("train").shard
+    port = m.server.port
+    m.stop()
+    m = start(port)
+    assert stream.report_done(held, get_next=True).result == pb.ReportShardResponse.ACCEPTED
+    assert c.progress("train").datasets[0].done_shards == 1
+    stream.close()
+    c.close()
+    m.stop()

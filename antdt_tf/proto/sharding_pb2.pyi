@@ -342,6 +342,38 @@ class RestoreStateResponse(_message.Message):
     requeued_shards: int
     def __init__(self, datasets: _Optional[_Iterable[str]] = ..., requeued_shards: _Optional[int] = ...) -> None: ...
 
+class ShardStreamRequest(_message.Message):
+    __slots__ = ("seq", "get_shard", "report_shard")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    GET_SHARD_FIELD_NUMBER: _ClassVar[int]
+    REPORT_SHARD_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    get_shard: GetShardRequest
+    report_shard: ReportShardRequest
+    def __init__(self, seq: _Optional[int] = ..., get_shard: _Optional[_Union[GetShardRequest, _Mapping]] = ..., report_shard: _Optional[_Union[ReportShardRequest, _Mapping]] = ...) -> None: ...
+
+class CallError(_message.Message):
+    __slots__ = ("code", "type", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    type: str
+    message: str
+    def __init__(self, code: _Optional[int] = ..., type: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ShardStreamResponse(_message.Message):
+    __slots__ = ("seq", "get_shard", "report_shard", "error")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    GET_SHARD_FIELD_NUMBER: _ClassVar[int]
+    REPORT_SHARD_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    get_shard: GetShardResponse
+    report_shard: ReportShardResponse
+    error: CallError
+    def __init__(self, seq: _Optional[int] = ..., get_shard: _Optional[_Union[GetShardResponse, _Mapping]] = ..., report_shard: _Optional[_Union[ReportShardResponse, _Mapping]] = ..., error: _Optional[_Union[CallError, _Mapping]] = ...) -> None: ...
+
 class JournalEntry(_message.Message):
     __slots__ = ("time", "register", "task_joined", "issue", "settle", "task_failed", "restore")
     TIME_FIELD_NUMBER: _ClassVar[int]

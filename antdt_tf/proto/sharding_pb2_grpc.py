@@ -50,6 +50,11 @@ class ShardingServiceStub:
                 request_serializer=antdt_dot_v1_dot_sharding__pb2.ReportShardRequest.SerializeToString,
                 response_deserializer=antdt_dot_v1_dot_sharding__pb2.ReportShardResponse.FromString,
                 _registered_method=True)
+        self.ShardStream = channel.stream_stream(
+                '/antdt.v1.ShardingService/ShardStream',
+                request_serializer=antdt_dot_v1_dot_sharding__pb2.ShardStreamRequest.SerializeToString,
+                response_deserializer=antdt_dot_v1_dot_sharding__pb2.ShardStreamResponse.FromString,
+                _registered_method=True)
         self.ReportTaskFailure = channel.unary_unary(
                 '/antdt.v1.ShardingService/ReportTaskFailure',
                 request_serializer=antdt_dot_v1_dot_sharding__pb2.ReportTaskFailureRequest.SerializeToString,
@@ -89,6 +94,14 @@ class ShardingServiceServicer:
 
     def ReportShard(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShardStream(self, request_iterator, context):
+        """GetShard and ReportShard over one long-lived bidirectional stream, one response
+        per request, in order.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -134,6 +147,11 @@ def add_ShardingServiceServicer_to_server(servicer, server):
                     servicer.ReportShard,
                     request_deserializer=antdt_dot_v1_dot_sharding__pb2.ReportShardRequest.FromString,
                     response_serializer=antdt_dot_v1_dot_sharding__pb2.ReportShardResponse.SerializeToString,
+            ),
+            'ShardStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ShardStream,
+                    request_deserializer=antdt_dot_v1_dot_sharding__pb2.ShardStreamRequest.FromString,
+                    response_serializer=antdt_dot_v1_dot_sharding__pb2.ShardStreamResponse.SerializeToString,
             ),
             'ReportTaskFailure': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportTaskFailure,
@@ -237,6 +255,33 @@ class ShardingService:
             '/antdt.v1.ShardingService/ReportShard',
             antdt_dot_v1_dot_sharding__pb2.ReportShardRequest.SerializeToString,
             antdt_dot_v1_dot_sharding__pb2.ReportShardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShardStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/antdt.v1.ShardingService/ShardStream',
+            antdt_dot_v1_dot_sharding__pb2.ShardStreamRequest.SerializeToString,
+            antdt_dot_v1_dot_sharding__pb2.ShardStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

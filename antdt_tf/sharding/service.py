@@ -102,6 +102,25 @@ class ShardingServicer:
         log.info("restored sharding state of %s (%d leased shard(s) back to TODO)", names, requeued)
         return pb.RestoreStateResponse(datasets=names, requeued_shards=requeued)
 
+    def stream_call(self, request) -> pb.ShardStreamResponse:
+        """Answers one ShardStream message exactly as the unary call would."""
+        if isinstance(request, _Malformed):
+            return pb.ShardStreamResponse(error=pb.CallError(
+                code=grpc.StatusCode.INVALID_ARGUMENT.value[0], type="InvalidRequest",
+                message=f"malformed request: {request.error}"))
+        kind = request.WhichOneof("call")
+        try:
+            if kind == "get_shard":
+                return pb.ShardStreamResponse(seq=request.seq,
+                                              get_shard=self.GetShard(request.get_shard))
+            if kind == "report_shard":
+                return pb.ShardStreamResponse(seq=request.seq,
+                                              report_shard=self.ReportShard(request.report_shard))
+            raise InvalidRequest("ShardStream message carries no call (get_shard or report_shard)")
+        except AntdtError as e:
+            return pb.ShardStreamResponse(seq=request.seq, error=pb.CallError(
+                code=status_of(e).value[0], type=type(e).__name__, message=str(e)))
+
     def after_call(self) -> None:
         if self.store is not None and self.store.needs_snapshot:
             self.store.write_snapshot(self.state.snapshot())
@@ -116,6 +135,11 @@ class ShardingServicer:
             self.store.sync()
 
 
+def status_of(error: AntdtError) -> grpc.StatusCode:
+    return next((c for t, c in ERROR_CODES.items() if isinstance(error, t)),
+                grpc.StatusCode.INTERNAL)
+
+
 def _aio_handler(fn: Callable, after: Callable[[], None]):
     async def handle(request, context: grpc.aio.ServicerContext):
         if isinstance(request, _Malformed):
@@ -125,12 +149,23 @@ def _aio_handler(fn: Callable, after: Callable[[], None]):
         try:
             response = fn(request)
         except AntdtError as e:
-            code = next((c for t, c in ERROR_CODES.items() if isinstance(e, t)),
-                        grpc.StatusCode.INTERNAL)
             context.set_trailing_metadata(((ERROR_METADATA_KEY, type(e).__name__),))
-            await context.abort(code, str(e))
+            await context.abort(status_of(e), str(e))
         after()
         return response
+    return handle
+
+
+def _stream_handler(servicer: "ShardingServicer"):
+    """ShardStream: read a call, answer it, repeat. Errors are answered in-stream
+    (CallError) and the stream stays open; only the peer closes it."""
+    async def handle(request_iterator, context: grpc.aio.ServicerContext):
+        while True:
+            request = await context.read()
+            if request is grpc.aio.EOF:
+                return
+            await context.write(servicer.stream_call(request))
+            servicer.after_call()
     return handle
 
 
@@ -139,6 +174,11 @@ def generic_handler(servicer: ShardingServicer) -> grpc.GenericRpcHandler:
     handlers = {}
     for method in service.methods:
         request_cls = message_factory.GetMessageClass(method.input_type)
+        if method.name == "ShardStream":
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                _stream_handler(servicer), request_deserializer=_lenient_parser(request_cls),
+                response_serializer=lambda m: m.SerializeToString())
+            continue
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             _aio_handler(getattr(servicer, method.name), servicer.after_call),
             request_deserializer=_lenient_parser(request_cls),
