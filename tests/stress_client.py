@@ -1,6 +1,7 @@
 """A pulling trainer process for the stress test (run as a script).
 
-Each thread is one worker task. Before every report it logs ``SENT epoch start n``;
+Each thread is one worker task (even task indexes use unary calls, odd ones a
+ShardStream). Before every report it logs ``SENT epoch start n``;
 after the master accepted it, ``ACK epoch start n`` — so a process killed in between
 leaves a SENT without ACK, which the test treats as "maybe counted".
 """
@@ -23,7 +24,9 @@ def trainer(address, task, log_path, seconds_per_shard, seed):
     def log(kind, epoch, start, n):
         os.write(fd, f"{kind} {epoch} {start} {n}\n".encode())
 
-    with ShardingClient(address, task, timeout=60) as c:
+    with ShardingClient(address, task, timeout=60) as client:
+        # even tasks use the unary calls, odd ones a ShardStream session
+        c = client if task.index % 2 == 0 else client.stream(task)
         resp = c.get_shard("train")
         while resp.status != pb.GetShardResponse.END:
             if resp.status == pb.GetShardResponse.WAIT:

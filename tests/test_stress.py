@@ -69,6 +69,10 @@ def test_killed_trainer_processes_lose_and_repeat_no_record(tmp_path):
                 if procs[p].poll() is not None or (expired_kills and sum(
                         proc.poll() is None for proc in procs.values()) < 2):
                     continue
+                held = sum(t.doing_shards for t in admin.progress("train").tasks
+                           if t.task.index // THREADS == p and t.task.incarnation == incarnation[p])
+                if not held:
+                    continue   # still starting up: kill it when it holds shards
                 os.killpg(procs[p].pid, signal.SIGKILL)   # a process we started
                 procs[p].wait()
                 kills += 1
