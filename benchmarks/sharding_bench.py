@@ -11,7 +11,8 @@ clients, in two modes:
   trainer's long-lived session; how antdt-tf's own trainers pull).
 
 Load generators share the 2 cores with the master, so the numbers are a lower bound
-for a master on its own host. Also measures the master's RSS growth and time to
+for a master on its own host; the master's own CPU time per pair is reported too
+(1e6 / that = pairs/s one dedicated core could serve). Also measures the master's RSS growth and time to
 register a 1e6-shard (1e9-record) dataset.
 
 Usage: python -m benchmarks.sharding_bench [--seconds=5] [--out=benchmarks/results/sharding.md]
@@ -95,7 +96,11 @@ def _load_process(address, dataset, first_task, clients, start_at, seconds, mode
                          for t in tasks]
             await asyncio.gather(*loops)
             return latencies
-    queue.put(asyncio.run(run()))
+    try:
+        import uvloop
+        queue.put(uvloop.run(run()))
+    except ImportError:
+        queue.put(asyncio.run(run()))
 
 
 def measure(address, dataset, clients, seconds, mode, procs=1):
@@ -152,11 +157,16 @@ def main():
         rows = []
         for mode in ("2 RPCs", "piggyback", "stream"):
             for clients in (1, 8, 64):
+                cpu0 = proc.cpu_times()
                 r = measure(address, "big", clients, args.seconds, mode)
-                r.update(clients=clients, mode=mode)
+                cpu1 = proc.cpu_times()
+                used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+                r.update(clients=clients, mode=mode,
+                         master_us=used / (r["pairs_s"] * args.seconds) * 1e6)
                 rows.append(r)
                 print(f"{r['mode']:>9} clients={clients:<3} {r['pairs_s']:8.0f} pairs/s  "
-                      f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms", flush=True)
+                      f"p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms  "
+                      f"master {r['master_us']:.0f} us CPU/pair", flush=True)
         rss2 = proc.memory_info().rss
         channel.close()
     finally:
@@ -167,12 +177,12 @@ def main():
         f"load generators on the same machine, {args.seconds:.0f} s per row, "
         "persistent state_dir with fsync=interval)",
         "",
-        "| mode | clients | pairs/s | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|---:|",
+        "| mode | clients | pairs/s | p50 ms | p99 ms | master CPU µs/pair |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r['mode']} | {r['clients']} | {r['pairs_s']:,.0f} | {r['p50_ms']:.2f} | "
-                     f"{r['p99_ms']:.2f} |")
+                     f"{r['p99_ms']:.2f} | {r['master_us']:.0f} |")
     lines += [
         "",
         f"Register a {reg.num_shards:,}-shard plan (1e9 records, 100 epochs, shuffled): "

@@ -393,18 +393,22 @@ class JournalEntry(_message.Message):
     def __init__(self, time: _Optional[float] = ..., register: _Optional[_Union[DatasetSpec, _Mapping]] = ..., task_joined: _Optional[_Union[TaskId, _Mapping]] = ..., issue: _Optional[_Union[IssueEvent, _Mapping]] = ..., settle: _Optional[_Union[SettleEvent, _Mapping]] = ..., task_failed: _Optional[_Union[TaskId, _Mapping]] = ..., restore: _Optional[_Union[ShardingState, _Mapping]] = ...) -> None: ...
 
 class IssueEvent(_message.Message):
-    __slots__ = ("dataset", "task", "lease_id", "lease_seconds", "request_id")
+    __slots__ = ("dataset", "task", "lease_id", "lease_seconds", "request_id", "shard_id", "offset")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     task: TaskId
     lease_id: int
     lease_seconds: float
     request_id: int
-    def __init__(self, dataset: _Optional[str] = ..., task: _Optional[_Union[TaskId, _Mapping]] = ..., lease_id: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., request_id: _Optional[int] = ...) -> None: ...
+    shard_id: int
+    offset: int
+    def __init__(self, dataset: _Optional[str] = ..., task: _Optional[_Union[TaskId, _Mapping]] = ..., lease_id: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., request_id: _Optional[int] = ..., shard_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class SettleEvent(_message.Message):
     __slots__ = ("dataset", "lease_id", "kind", "records_processed", "lease_seconds")

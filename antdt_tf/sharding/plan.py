@@ -14,7 +14,7 @@ import hashlib
 import re
 import struct
 from array import array
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from antdt_tf.errors import InvalidRequest
 
@@ -71,8 +71,7 @@ class DatasetSpec:
             raise InvalidRequest(f"dataset {self.name}: seed must fit in uint64")
 
 
-@dataclasses.dataclass(frozen=True)
-class ShardGeometry:
+class ShardGeometry(NamedTuple):
     """Where shard ``shard_id`` lives. ``start`` is the global record index."""
 
     shard_id: int
@@ -181,6 +180,9 @@ class ShardPlan:
                              self._paths[f], file_start)
 
     def shard_length(self, shard_id: int) -> int:
+        if len(self._paths) == 1 and 0 <= shard_id < self.num_shards:  # the common, hot case
+            rps = self.spec.records_per_shard
+            return min(rps, self.num_records - shard_id * rps)
         return self.geometry(shard_id).length
 
     def order(self, epoch: int):

@@ -42,6 +42,11 @@ ERROR_CODES: dict[type, grpc.StatusCode] = {
 }
 
 
+# so_reuseport=0: a second master on the same port fails instead of sharing it.
+SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.http2.bdp_probe", 0),
+                  ("grpc.enable_channelz", 0)]
+
+
 class _Malformed:
     """Stands in for a request whose bytes did not parse."""
 
@@ -206,7 +211,7 @@ class MasterServer:
         return f"{host}:{self.port}"
 
     async def start(self) -> int:
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self._server = grpc.aio.server(options=SERVER_OPTIONS)
         self._server.add_generic_rpc_handlers((generic_handler(self.servicer),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         host = f"[{self.bind}]" if ":" in self.bind else self.bind

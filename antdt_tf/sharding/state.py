@@ -43,6 +43,15 @@ _MAX_POISONED_IDS = 100
 
 Outcome = pb.ReportShardRequest.Outcome
 Settle = pb.SettleEvent.Kind
+# Plain ints: protobuf enum attribute lookups are slow on the hot path.
+_DONE, _FAILED, _PROGRESS = Outcome.DONE, Outcome.FAILED, Outcome.PROGRESS
+_S_DONE, _S_FAILED, _S_PROGRESS, _S_EXPIRED = Settle.DONE, Settle.FAILED, Settle.PROGRESS, Settle.EXPIRED
+_SETTLE_OF = {_DONE: _S_DONE, _FAILED: _S_FAILED, _PROGRESS: _S_PROGRESS}
+_SHARD = pb.GetShardResponse.SHARD
+_WAIT = pb.GetShardResponse.WAIT
+_END = pb.GetShardResponse.END
+_ACCEPTED = pb.ReportShardResponse.ACCEPTED
+_DUPLICATE = pb.ReportShardResponse.DUPLICATE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,33 +297,34 @@ class ShardState:
             if last is not None and last[0] == request_id:
                 lease = run.doing.get(last[1])
                 if lease is not None and lease.task_key == t.key:
-                    return pb.GetShardResponse(status=pb.GetShardResponse.SHARD,
+                    return pb.GetShardResponse(status=_SHARD,
                                                shard=self._shard_msg(run, lease))
         if run.finished:
-            return pb.GetShardResponse(status=pb.GetShardResponse.END)
+            return pb.GetShardResponse(status=_END)
         if not run.requeue and run.cursor >= run.plan.num_shards:
-            return pb.GetShardResponse(status=pb.GetShardResponse.WAIT,
+            return pb.GetShardResponse(status=_WAIT,
                                        retry_after_seconds=self._retry_after(run))
         shard_id, offset = run.requeue[0] if run.requeue else (run.order(run.cursor), 0)
         remaining = run.plan.shard_length(shard_id) - offset
         entry = pb.JournalEntry(time=self._now(), issue=pb.IssueEvent(
             dataset=dataset, task=task, lease_id=self._next_lease_id,
-            lease_seconds=self._lease_seconds(run, t, remaining), request_id=request_id))
+            lease_seconds=self._lease_seconds(run, t, remaining), request_id=request_id,
+            shard_id=shard_id, offset=offset))
         lease = self._commit(entry)
-        return pb.GetShardResponse(status=pb.GetShardResponse.SHARD,
+        return pb.GetShardResponse(status=_SHARD,
                                    shard=self._shard_msg(run, lease))
 
     def report_shard(self, req: pb.ReportShardRequest) -> pb.ReportShardResponse:
         run = self._run(req.dataset)
         t = self._known_task(req.task)
-        if req.outcome not in (Outcome.DONE, Outcome.FAILED, Outcome.PROGRESS):
+        if req.outcome not in (_DONE, _FAILED, _PROGRESS):
             raise InvalidRequest(f"report outcome must be DONE, FAILED or PROGRESS, got {req.outcome}")
         if req.records_processed < 0:
             raise InvalidRequest(f"records_processed must be >= 0, got {req.records_processed}")
         lease = run.doing.get(req.lease_id)
         if lease is None or lease.task_key != t.key or lease.incarnation != req.task.incarnation:
-            if req.outcome == Outcome.DONE and req.lease_id in t.recent_done:
-                resp = pb.ReportShardResponse(result=pb.ReportShardResponse.DUPLICATE)
+            if req.outcome == _DONE and req.lease_id in t.recent_done:
+                resp = pb.ReportShardResponse(result=_DUPLICATE)
                 if req.get_next:
                     resp.next.CopyFrom(self.get_shard(req.dataset, req.task, req.next_request_id))
                 return resp
@@ -331,7 +341,7 @@ class ShardState:
             raise InvalidRequest(
                 f"records_processed {req.records_processed} exceeds the lease's {lease.length} "
                 f"records (shard {lease.shard_id})")
-        if req.outcome == Outcome.DONE and req.records_processed != lease.length:
+        if req.outcome == _DONE and req.records_processed != lease.length:
             raise InvalidRequest(
                 f"DONE must report all {lease.length} records of lease {lease.lease_id}, got "
                 f"{req.records_processed}; report FAILED to give back the rest")
@@ -339,15 +349,14 @@ class ShardState:
             raise InvalidRequest(
                 f"records_processed {req.records_processed} is below the {lease.applied} already "
                 f"reported for lease {lease.lease_id}; progress never goes back")
-        kind = {Outcome.DONE: Settle.DONE, Outcome.FAILED: Settle.FAILED,
-                Outcome.PROGRESS: Settle.PROGRESS}[req.outcome]
+        kind = _SETTLE_OF[req.outcome]
         lease_seconds = 0.0
-        if kind == Settle.PROGRESS:
+        if kind == _S_PROGRESS:
             lease_seconds = self._lease_seconds(run, t, lease.length - req.records_processed)
         self._commit(pb.JournalEntry(time=self._now(), settle=pb.SettleEvent(
             dataset=req.dataset, lease_id=lease.lease_id, kind=kind,
             records_processed=req.records_processed, lease_seconds=lease_seconds)))
-        resp = pb.ReportShardResponse(result=pb.ReportShardResponse.ACCEPTED)
+        resp = pb.ReportShardResponse(result=_ACCEPTED)
         if req.get_next:
             resp.next.CopyFrom(self.get_shard(req.dataset, req.task, req.next_request_id))
         return resp
@@ -378,7 +387,7 @@ class ShardState:
             if lease is None or lease.deadline != deadline:
                 continue  # settled or renewed
             self._commit(pb.JournalEntry(time=now, settle=pb.SettleEvent(
-                dataset=dataset, lease_id=lease_id, kind=Settle.EXPIRED,
+                dataset=dataset, lease_id=lease_id, kind=_S_EXPIRED,
                 records_processed=lease.applied)))
             expired += 1
         return expired
@@ -504,11 +513,16 @@ class ShardState:
     def _apply_issue(self, ev: pb.IssueEvent, now: float) -> _Lease:
         run = self._runs[ev.dataset]
         t = self._tasks[f"{ev.task.type}:{ev.task.index}"]
+        shard_id, offset = ev.shard_id, ev.offset
         if run.requeue:
-            shard_id, offset = run.requeue.popleft()
+            if run.requeue[0] != (shard_id, offset):
+                raise CorruptState(f"issue of shard {shard_id}@{offset} but the next TODO is "
+                                   f"{run.requeue[0]}")
+            run.requeue.popleft()
+        elif offset or run.cursor >= run.plan.num_shards:
+            raise CorruptState(f"issue of shard {shard_id}@{offset} with nothing left to issue")
         else:
-            shard_id, offset = run.order(run.cursor), 0
-            run.cursor += 1
+            run.cursor += 1  # ev.shard_id is order(cursor); recomputing it is the costly part
         lease = _Lease(ev.lease_id, ev.dataset, shard_id, run.epoch, offset,
                        run.plan.shard_length(shard_id) - offset, t.key, ev.task.incarnation, now,
                        ev.lease_seconds, run.failures.get(shard_id, 0))
@@ -524,7 +538,7 @@ class ShardState:
         run = self._runs[ev.dataset]
         lease = run.doing[ev.lease_id]
         t = self._tasks[lease.task_key]
-        if ev.kind == Settle.PROGRESS:
+        if ev.kind == _S_PROGRESS:
             self._count_applied(run, t, lease, ev.records_processed)
             lease.lease_seconds = ev.lease_seconds
             lease.deadline = now + ev.lease_seconds
@@ -532,7 +546,7 @@ class ShardState:
             return lease
         del run.doing[lease.lease_id]
         t.leases.discard(lease.lease_id)
-        if ev.kind == Settle.DONE:
+        if ev.kind == _S_DONE:
             self._count_applied(run, t, lease, lease.length)
             spr = (now - lease.issued_at) / max(1, lease.length)
             t.seconds_per_record = _ewma(t.seconds_per_record, spr, 0.3)
