@@ -169,3 +169,34 @@ def _flip_byte(path, offset):
     data = bytearray(path.read_bytes())
     data[offset] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("snapshot_every", [1, 100_000])
+def test_after_restart_a_silent_holders_shard_is_reissued_after_one_lease_term(
+        tmp_path, snapshot_every):
+    now = [1000.0]
+    clock = lambda: now[0]  # noqa: E731
+    cfg = LeaseConfig(min_seconds=1, initial_seconds=60)
+    state, store = ShardState(cfg, clock=clock), StateStore(tmp_path / "s",
+                                                            snapshot_every=snapshot_every)
+    open_state(store, state)
+    state.register_dataset(DatasetSpec("train", records_per_shard=10, num_records=100))
+    for _ in range(3):                                  # learn the speed: 0.1 s/record
+        s = state.get_shard("train", W(0)).shard
+        now[0] += 1.0
+        state.report_shard(pb.ReportShardRequest(dataset="train", task=W(0), lease_id=s.lease_id,
+                                                 shard_id=s.shard_id, outcome=DONE,
+                                                 records_processed=s.length))
+        if store.needs_snapshot:
+            store.write_snapshot(state.snapshot())
+    held = state.get_shard("train", W(1)).shard          # then W(1) dies with the master
+    assert held.lease_seconds == pytest.approx(4 * 0.1 * 10)
+    store.close()
+    state2 = ShardState(cfg, clock=clock)
+    open_state(StateStore(tmp_path / "s"), state2)
+    now[0] += 1.0
+    assert state2.expire_leases() == 0                  # a grace term: W(1) may still report
+    now[0] += held.lease_seconds
+    assert state2.expire_leases() == 1                  # W(1) never came back
+    again = state2.get_shard("train", W(0)).shard
+    assert (again.shard_id, again.start, again.length) == (held.shard_id, held.start, held.length)

@@ -247,20 +247,22 @@ class GetProgressResponse(_message.Message):
     def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetProgress, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ...) -> None: ...
 
 class ShardRemainder(_message.Message):
-    __slots__ = ("shard_id", "offset", "failures", "lease_id", "holder", "applied")
+    __slots__ = ("shard_id", "offset", "failures", "lease_id", "holder", "applied", "lease_seconds")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     shard_id: int
     offset: int
     failures: int
     lease_id: int
     holder: TaskId
     applied: int
-    def __init__(self, shard_id: _Optional[int] = ..., offset: _Optional[int] = ..., failures: _Optional[int] = ..., lease_id: _Optional[int] = ..., holder: _Optional[_Union[TaskId, _Mapping]] = ..., applied: _Optional[int] = ...) -> None: ...
+    lease_seconds: float
+    def __init__(self, shard_id: _Optional[int] = ..., offset: _Optional[int] = ..., failures: _Optional[int] = ..., lease_id: _Optional[int] = ..., holder: _Optional[_Union[TaskId, _Mapping]] = ..., applied: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class DatasetState(_message.Message):
     __slots__ = ("spec", "epoch", "cursor", "requeued", "doing", "poisoned", "failure_counts", "records_done_epoch", "records_done_total", "seconds_per_record")

@@ -423,6 +423,7 @@ class ShardState:
             for lease in run.doing.values():
                 holder = self._tasks[lease.task_key]
                 ds.doing.add(shard_id=lease.shard_id, offset=lease.offset, applied=lease.applied,
+                             lease_seconds=lease.lease_seconds,
                              failures=run.failures.get(lease.shard_id, 0), lease_id=lease.lease_id,
                              holder=pb.TaskId(type=holder.type, index=holder.index,
                                               incarnation=lease.incarnation))
@@ -633,8 +634,8 @@ class ShardState:
                 t = self._tasks[f"{r.holder.type}:{r.holder.index}"]
                 length = run.plan.shard_length(r.shard_id) - r.offset
                 lease = _Lease(r.lease_id, run.spec.name, r.shard_id, run.epoch, r.offset, length,
-                               t.key, r.holder.incarnation, now, self.config.initial_seconds,
-                               r.failures)
+                               t.key, r.holder.incarnation, now,
+                               r.lease_seconds or self.config.initial_seconds, r.failures)
                 lease.applied = r.applied
                 run.doing[lease.lease_id] = lease
                 t.leases.add(lease.lease_id)

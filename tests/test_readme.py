@@ -1,0 +1,20 @@
+"""The README's client example runs as written against a real master."""
+
+import pathlib
+import re
+
+from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+from antdt_tf.sharding.state import ShardState
+
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_client_example_runs():
+    text = README.read_text()
+    section = text[text.index("## The sharding service"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    trained = []
+    with BackgroundMaster(ShardingServicer(ShardState())) as master:
+        code = code.replace('"127.0.0.1:7470"', repr(master.address))
+        exec(compile(code, "README.md", "exec"), {"train_on": trained.append})
+    assert sum(s.length for s in trained) == 2 * 1_000_000
