@@ -53,15 +53,9 @@ def _start_master(workdir: pathlib.Path) -> tuple[subprocess.Popen, str]:
 
 def _trainer(address: str, index: int, seconds_per_record: float, out: dict) -> None:
     with ShardingClient(address, Task("worker", index)) as client, client.stream() as stream:
-        resp = stream.get_shard("train")
-        while resp.status != pb.GetShardResponse.END:
-            if resp.status == pb.GetShardResponse.WAIT:
-                time.sleep(resp.retry_after_seconds)
-                resp = stream.get_shard("train")
-                continue
-            time.sleep(resp.shard.length * seconds_per_record)   # "training"
+        for shard in stream.shards("train"):
+            time.sleep(shard.length * seconds_per_record)   # "training"
             out[index] = out.get(index, 0) + 1
-            resp = stream.report_done(resp.shard, get_next=True).next
 
 
 def main(argv):

@@ -35,9 +35,8 @@ def snapshot_bytes(master):
 
 def test_pull_report_and_progress_over_grpc(client):
     seen = []
-    for shard in client.shards("train"):
+    for shard in client.shards("train"):   # DONE is reported when the body finishes
         seen.append((shard.start, shard.length))
-        assert client.report_done(shard).result == pb.ReportShardResponse.ACCEPTED
     assert sorted(seen) == [(i, 10) for i in range(0, 100, 10)]
     p = client.progress("train")
     assert p.datasets[0].finished and p.datasets[0].records_done_epoch == 100
@@ -207,3 +206,16 @@ def test_stream_reconnects_across_a_master_restart(tmp_path):
     stream.close()
     c.close()
     m.stop()
+
+
+def test_leaving_the_pull_loop_gives_the_shard_back_at_once(client):
+    with client.stream() as stream:
+        for shard in stream.shards("train"):
+            break
+        again = stream.get_shard("train").shard
+    assert (again.shard_id, again.attempt) == (shard.shard_id, 1)
+    with pytest.raises(ZeroDivisionError):
+        for shard in client.shards("train"):
+            1 / 0
+    p = client.progress("train")
+    assert p.datasets[0].done_shards == 0 and p.tasks[0].failures == 2

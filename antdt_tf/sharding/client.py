@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import queue
 import random
 import threading
@@ -184,18 +185,48 @@ class ShardingClient:
             state = msg
         return self._call("RestoreState", pb.RestoreStateRequest(state=state))
 
-    def shards(self, dataset: str, task: Optional[Task] = None,
-               max_wait_seconds: float = 1.0) -> Iterator[pb.Shard]:
-        """Yields shards until END, polling on WAIT. The caller reports each shard
-        (``report_done`` / ``report_failed``) before asking for the next one."""
-        while True:
-            resp = self.get_shard(dataset, task)
-            if resp.status == pb.GetShardResponse.SHARD:
-                yield resp.shard
-            elif resp.status == pb.GetShardResponse.END:
-                return
-            else:
-                time.sleep(min(max_wait_seconds, resp.retry_after_seconds or 0.1))
+    def shards(self, dataset: str, task: Optional[Task] = None) -> Iterator[pb.Shard]:
+        """Pulls shards until END; see :func:`pull_shards`."""
+        session = _Session(lambda: self.get_shard(dataset, task),
+                           lambda shard, nxt: self.report_done(shard, task, get_next=nxt),
+                           lambda shard: self.report_failed(shard, 0, "abandoned", task))
+        return pull_shards(session)
+
+
+class _Session:
+    __slots__ = ("get", "done", "give_back")
+
+    def __init__(self, get, done, give_back):
+        self.get, self.done, self.give_back = get, done, give_back
+
+
+def pull_shards(session: _Session, max_wait_seconds: float = 1.0) -> Iterator[pb.Shard]:
+    """Yields shards until END, polling on WAIT.
+
+    A shard is reported DONE (with the next request piggybacked) when the loop body
+    that received it finishes. If the body raises or breaks, the shard is given back
+    (FAILED, 0 records) so another trainer gets it at once. Use ``report_progress``
+    inside the body for long shards.
+    """
+    resp = session.get()
+    while True:
+        if resp.status == pb.GetShardResponse.END:
+            return
+        if resp.status != pb.GetShardResponse.SHARD:
+            time.sleep(min(max_wait_seconds, resp.retry_after_seconds or 0.1))
+            resp = session.get()
+            continue
+        shard = resp.shard
+        try:
+            yield shard
+        except BaseException:
+            try:
+                session.give_back(shard)
+            except errors.AntdtError as e:  # best effort: the lease expires anyway
+                logging.getLogger(__name__).warning("could not give back shard %d: %s",
+                                                    shard.shard_id, e)
+            raise
+        resp = session.done(shard, True).next
 
 
 _RECONNECT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
@@ -298,3 +329,9 @@ class ShardStream:
                       error: str = "") -> pb.ReportShardResponse:
         return self._roundtrip("report_shard", self._client._report_request(
             shard, pb.ReportShardRequest.FAILED, records, self._task, error=error))
+
+    def shards(self, dataset: str) -> Iterator[pb.Shard]:
+        """Pulls shards until END over this stream; see :func:`pull_shards`."""
+        return pull_shards(_Session(lambda: self.get_shard(dataset),
+                                    lambda shard, nxt: self.report_done(shard, get_next=nxt),
+                                    lambda shard: self.report_failed(shard, 0, "abandoned")))
