@@ -23,7 +23,6 @@ import time
 from absl import app, flags
 from tqdm import tqdm
 
-from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.client import ShardingClient, Task
 from antdt_tf.sharding.plan import DatasetSpec
 

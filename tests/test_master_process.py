@@ -10,7 +10,6 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2
 
-from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.client import ShardingClient, Task
 from antdt_tf.sharding.plan import DatasetSpec
 from procs import MasterProcess, run_master_once

@@ -248,9 +248,6 @@ class ShardState:
                 seconds_per_record=t.seconds_per_record))
         return out
 
-    def lease(self, dataset: str, lease_id: int) -> Optional[_Lease]:
-        return self._run(dataset).doing.get(lease_id)
-
     # ---------------------------------------------------------------- commands
 
     def attach_journal(self, journal: Callable[[pb.JournalEntry], None]) -> None:
