@@ -210,10 +210,17 @@ class ShardState:
                                  f"{sorted(self._runs) or 'none'} (call RegisterDataset first)")
         return run
 
-    def _known_task(self, task: pb.TaskId) -> _Task:
-        """The task record for a report; refuses unknown, stale and dead incarnations."""
-        validate_task(task)
+    def _lookup(self, task: pb.TaskId) -> Optional[_Task]:
         t = self._tasks.get(f"{task.type}:{task.index}")
+        if t is None:
+            validate_task(task)   # never seen: check the id in full (known ids were checked)
+        elif task.incarnation < 0:
+            raise InvalidRequest(f"task incarnation must be >= 0, got {task.incarnation}")
+        return t
+
+    def _known_task(self, task: pb.TaskId, t: Optional[_Task] = None) -> _Task:
+        """The task record for a report; refuses unknown, stale and dead incarnations."""
+        t = t or self._lookup(task)
         if t is None or task.incarnation > t.incarnation:
             raise UnknownTask(f"unknown task {task_name(task)}: it never asked for a shard "
                               "(GetShard registers a task incarnation)")
@@ -279,12 +286,11 @@ class ShardState:
 
     def _admit(self, task: pb.TaskId) -> _Task:
         """The task record for a GetShard: registers new tasks and newer incarnations."""
-        validate_task(task)
-        t = self._tasks.get(f"{task.type}:{task.index}")
+        t = self._lookup(task)
         if t is None or task.incarnation > t.incarnation:
             self._commit(pb.JournalEntry(time=self._now(), task_joined=task))
             return self._tasks[f"{task.type}:{task.index}"]
-        return self._known_task(task)
+        return self._known_task(task, t)
 
     def get_shard(self, dataset: str, task: pb.TaskId, request_id: int = 0) -> pb.GetShardResponse:
         run = self._run(dataset)
