@@ -18,6 +18,7 @@ setup(
         "absl-py>=2.1",
         "tqdm>=4.66",
         "psutil>=5.9",
+        "numpy>=1.26",
         "uvloop>=0.19",  # the master's event loop: more calls per CPU second
     ],
     extras_require={
@@ -32,6 +33,7 @@ setup(
         "console_scripts": [
             "antdt-master=antdt_tf.master:run",
             "antdt-sharding-demo=antdt_tf.sharding_demo:run",
+            "antdt-data=antdt_tf.data.cli:run",
         ],
     },
 )

@@ -4,6 +4,8 @@ Packages, one per AntDT component (each readable alone):
 
 - :mod:`antdt_tf.sharding` — the stateful dynamic data sharding service (master side,
   client, persistence). Pure Python + gRPC; imports no TensorFlow.
+- :mod:`antdt_tf.data` — the Criteo format, a synthetic generator with learnable signal
+  and the compact fixed-length record format shards are read from (numpy only).
 """
 
 __version__ = "0.1.0"

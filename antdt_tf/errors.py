@@ -51,5 +51,9 @@ class CorruptState(AntdtError):
     content). The master refuses to start rather than lose or repeat data."""
 
 
+class DataError(AntdtError):
+    """A data file is unreadable, truncated or not in the expected format."""
+
+
 class StateDirLocked(AntdtError):
     """Another master process holds the state directory."""

@@ -1,0 +1,126 @@
+"""Criteo format, synthetic generator and the compact record format (real files)."""
+
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from antdt_tf.data import criteo, records
+from antdt_tf.errors import DataError, InvalidRequest
+
+DATA_BIN = str(pathlib.Path(sys.executable).parent / "antdt-data")
+
+
+def auc(y, score):
+    order = np.argsort(score, kind="stable")
+    ranks = np.empty(len(score))
+    ranks[order] = np.arange(1, len(score) + 1)
+    pos = y == 1
+    return (ranks[pos].sum() - pos.sum() * (pos.sum() + 1) / 2) / (pos.sum() * (~pos).sum())
+
+
+@pytest.fixture(scope="module")
+def data():
+    spec = criteo.SyntheticSpec(60_000, seed=3)
+    batches = list(criteo.generate(spec, block=25_000))
+    cat = lambda name: np.concatenate([getattr(b, name) for b in batches])  # noqa: E731
+    return spec, batches, cat("label"), cat("dense"), cat("sparse"), cat("probability")
+
+
+def test_generation_is_deterministic_and_seed_dependent(data):
+    spec, batches, label, dense, sparse, _ = data
+    again = list(criteo.generate(spec, block=25_000))
+    assert all(np.array_equal(a.sparse, b.sparse) and np.array_equal(a.label, b.label)
+               for a, b in zip(batches, again))
+    other = next(criteo.generate(criteo.SyntheticSpec(60_000, seed=4), block=25_000))
+    assert not np.array_equal(other.sparse, batches[0].sparse)
+
+
+def test_generated_data_looks_like_criteo_and_carries_learnable_signal(data):
+    spec, _, label, dense, sparse, prob = data
+    assert 0.18 < label.mean() < 0.32                       # Criteo-like click rate
+    assert 0.02 < (dense == -1).mean() < 0.08 and 0.02 < (sparse == -1).mean() < 0.08
+    assert len(np.unique(sparse[:, 8][sparse[:, 8] >= 0])) <= spec.vocab_sizes[8]
+    assert len(np.unique(sparse[:, 2])) > 5_000                # a huge, long-tailed vocabulary
+    assert auc(label, prob) > 0.75                           # the hidden model explains labels
+    # learnable from the data alone: per-id click rates of one hot feature, fitted on
+    # the first half, rank the second half far better than chance
+    train, test = slice(0, 30_000), slice(30_000, None)
+    score = np.zeros(len(label[test]))
+    for f in range(criteo.NUM_SPARSE):
+        ids, inv = np.unique(sparse[train, f], return_inverse=True)
+        rate = (np.bincount(inv, label[train]) + 1) / (np.bincount(inv) + 4)
+        pos = np.searchsorted(ids, sparse[test, f]).clip(0, len(ids) - 1)
+        known = ids[pos] == sparse[test, f]
+        score += np.log(np.where(known, rate[pos], label[train].mean()))
+    assert auc(label[test], score) > 0.65
+
+
+def test_records_round_trip_and_any_range_is_one_seek(tmp_path, data):
+    _, batches, label, dense, sparse, _ = data
+    path = tmp_path / "d.adtr"
+    assert records.write_records(path, batches) == 60_000
+    f = records.RecordFile(path)
+    assert (f.num_records, f.record_bytes) == (60_000, 264)
+    assert f.byte_offset(59_000) == records.HEADER_BYTES + 59_000 * 264
+    tail = f.read(59_000, 1_000)
+    assert np.array_equal(tail.sparse, sparse[59_000:]) and np.array_equal(tail.label, label[59_000:])
+    mid = f.read(12_345, 7)
+    assert np.array_equal(mid.dense, dense[12_345:12_352])
+    with pytest.raises(DataError, match="outside"):
+        f.read(59_999, 2)
+
+
+def test_tsv_round_trip_equals_direct_generation(tmp_path):
+    spec = criteo.SyntheticSpec(2_000, seed=9)
+    tsv = tmp_path / "d.tsv"
+    criteo.write_tsv(tsv, criteo.generate(spec))
+    line = tsv.read_text().splitlines()[0].split("\t")
+    assert len(line) == 40 and line[0] in ("0", "1") and all(len(v) in (0, 8) for v in line[14:])
+    records.write_records(tmp_path / "a.adtr", criteo.generate(spec))
+    records.write_records(tmp_path / "b.adtr", criteo.read_tsv(tsv))
+    assert (tmp_path / "a.adtr").read_bytes() == (tmp_path / "b.adtr").read_bytes()
+
+
+@pytest.mark.parametrize("line,match", [
+    ("1\t2\t3", "expected 40"),
+    ("x" + "\t" * 39, "invalid literal"),
+    ("2" + "\t" * 39, "label must be 0 or 1"),
+    ("1" + "\t" * 13 + "\tzz" + "\t" * 25, "invalid literal"),
+])
+def test_malformed_tsv_names_file_and_line(tmp_path, line, match):
+    tsv = tmp_path / "bad.tsv"
+    tsv.write_text("0" + "\t" * 39 + "\n" + line + "\n")
+    with pytest.raises(InvalidRequest, match=rf"bad.tsv:2: .*{match}"):
+        list(criteo.read_tsv(tsv))
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda b: b"NOTADTR!" + b[8:], "bad magic"),
+    (lambda b: b[:20] + bytes([b[20] ^ 1]) + b[21:], "checksum"),
+    (lambda b: b[:-5], "truncated"),
+    (lambda b: b[:10], "bad magic"),
+])
+def test_damaged_record_files_are_refused(tmp_path, damage, match):
+    path = tmp_path / "d.adtr"
+    records.write_records(path, criteo.generate(criteo.SyntheticSpec(100)))
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(DataError, match=match):
+        records.RecordFile(path)
+
+
+def test_data_cli_generate_convert_inspect_and_errors(tmp_path):
+    out, tsv = tmp_path / "g.adtr", tmp_path / "g.tsv"
+    run = lambda *a: subprocess.run([DATA_BIN, *a], capture_output=True, text=True)  # noqa: E731
+    res = run("--mode=generate", "--records=3000", f"--output={out}", f"--tsv={tsv}")
+    assert res.returncode == 0 and "wrote 3000 records" in res.stdout
+    res = run("--mode=convert", f"--input={tsv}", f"--output={tmp_path / 'c.adtr'}")
+    assert res.returncode == 0 and (tmp_path / "c.adtr").read_bytes() == out.read_bytes()
+    res = run("--mode=inspect", f"--input={out}")
+    assert res.returncode == 0 and "3000 records of 264 bytes" in res.stdout
+    res = run("--mode=inspect", f"--input={tmp_path / 'missing.adtr'}")
+    assert res.returncode == 2 and "cannot read" in res.stderr
+    res = run("--mode=generate")
+    assert res.returncode != 0 and "--output is required" in res.stderr
