@@ -9,7 +9,7 @@ STAMP := $(VENV)/.antdt-installed
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,tf]'
 	touch $(STAMP)
 
 install: $(STAMP)

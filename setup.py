@@ -22,6 +22,9 @@ setup(
         "uvloop>=0.19",  # the master's event loop: more calls per CPU second
     ],
     extras_require={
+        "tf": [
+            "tensorflow-cpu==2.21.0",
+        ],
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
@@ -34,6 +37,8 @@ setup(
             "antdt-master=antdt_tf.master:run",
             "antdt-sharding-demo=antdt_tf.sharding_demo:run",
             "antdt-data=antdt_tf.data.cli:run",
+            "antdt-tf-server=antdt_tf.tf.server:run",
+            "antdt-coordinator=antdt_tf.tf.coordinator:run",
         ],
     },
 )

@@ -1,0 +1,1 @@
+"""Sparse ranking models used by the demo, tests and benchmarks (TensorFlow)."""

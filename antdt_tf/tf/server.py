@@ -1,0 +1,47 @@
+"""antdt-tf-server: one TensorFlow server task (ps or worker) of a PSS cluster.
+
+Usage: python -m antdt_tf.tf.server --cluster='{"chief": [...], "ps": [...], "worker": [...]}'
+       --job=worker --index=0
+
+The process an agent starts, stops and kills for every ps/worker task. It serves until
+killed; it holds no state of its own that a restart would lose (PS variables are
+restored from checkpoints by the coordinator).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("cluster", None, "Cluster spec as JSON: job name -> list of host:port.")
+flags.DEFINE_enum("job", None, ["ps", "worker"], "This task's job.")
+flags.DEFINE_integer("index", 0, "This task's index in its job.")
+
+
+def main(argv):
+    del argv
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        spec = json.loads(FLAGS.cluster)
+    except json.JSONDecodeError as e:
+        raise app.UsageError(f"--cluster is not valid JSON: {e}") from e
+    if FLAGS.job not in spec or not 0 <= FLAGS.index < len(spec[FLAGS.job]):
+        raise app.UsageError(f"task {FLAGS.job}:{FLAGS.index} is not in the cluster spec")
+    import tensorflow as tf  # after flag checks: importing TF takes seconds
+
+    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=FLAGS.job,
+                                  task_index=FLAGS.index, protocol="grpc", start=True)
+    print(f"[{FLAGS.job}:{FLAGS.index}] serving {server.target}", flush=True)
+    server.join()
+
+
+def run():
+    flags.mark_flags_as_required(["cluster", "job"])
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
