@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from absl import app, flags
 
@@ -48,9 +49,10 @@ def main(argv):
     progress = client.progress(FLAGS.dataset).datasets[0]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    # Large tables are split over every PS; small variables stay whole.
     strategy = tf.distribute.experimental.ParameterServerStrategy(
         resolver, variable_partitioner=tf.distribute.experimental.partitioners.
-        FixedShardsPartitioner(len(spec["ps"])))
+        MinSizePartitioner(min_shard_bytes=64 << 10, max_shards=len(spec["ps"])))
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     audit_records = progress.records_per_epoch if FLAGS.audit else 0
     with strategy.scope():
@@ -70,7 +72,12 @@ def main(argv):
     if FLAGS.report_json:
         with open(FLAGS.report_json, "w") as f:
             f.write(text)
-    return 0
+    # ClusterCoordinator's destructor waits for every failed worker to come back (its
+    # failure handler keeps reconnecting), so a job that lost a worker would never exit.
+    # Everything is reported and the master has every DONE: leave now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run():

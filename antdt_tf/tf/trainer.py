@@ -6,12 +6,14 @@ closure per shard; the closure reads the shard's records on the worker with TF o
 the next closure, so fast workers train more shards than slow ones. A shard is reported
 DONE to the master only after its closure finished on a worker.
 
-What this version guarantees, and what it does not yet: records reach the model
-exactly once while every worker lives. When a worker dies mid-shard,
-``ClusterCoordinator`` re-runs the closure elsewhere (at-least-once), so the batches the
-dead worker had applied are applied again; resuming a shard from its applied offset is
-the next step. The audit mode counts per record how often its gradient was applied (a
-counter on the PS, updated in the same step), so this is measured, not guessed.
+Exactly once, up to one batch per failure: when a worker dies mid-shard,
+``ClusterCoordinator`` re-runs the closure on another worker (at-least-once). Every
+closure runs in a *slot*; two small variables on the PS hold, per slot, the lease it
+runs and how many of its records were applied, updated right after every step. A re-run
+finds its lease there and resumes after the applied records, so only a batch whose
+step ran but whose progress update did not can be applied twice. The audit mode
+counts per record how often its gradient was applied (a counter on the PS, updated in
+the same step), so this is measured, not guessed.
 """
 
 from __future__ import annotations
@@ -65,28 +67,47 @@ class ShardTrainer:
         self.task = task
         self.window = max(1, in_flight_per_worker * num_workers)
         self._step_fn = step_fn
+        with strategy.scope():
+            # Per scheduling slot: the lease it runs and how many of its records were
+            # applied. On the PS, so a closure re-run on another worker can resume.
+            self._slot_lease = tf.Variable(tf.fill([self.window], tf.constant(-1, tf.int64)),
+                                           trainable=False, name="antdt_slot_lease")
+            self._slot_applied = tf.Variable(tf.zeros([self.window], tf.int64),
+                                             trainable=False, name="antdt_slot_applied")
         self._train_shard = tf.function(self._train_shard_fn)
 
-    def _train_shard_fn(self, path, start, length):
-        def replica_fn(path, start, length):
-            offset = tf.constant(0, tf.int64)
-            for batch in shard_dataset(path, start, length, self.batch_size):
+    def _train_shard_fn(self, path, file_start, global_start, length, slot, lease_id):
+        def replica_fn(path, file_start, global_start, length, slot, lease_id):
+            # A re-run of this closure (its worker died) resumes after the batches that
+            # were already applied: the slot remembers them, updated with every step.
+            slot_idx = tf.reshape(slot, [1])
+            resumed = tf.gather(self._slot_lease, slot_idx)[0] == lease_id
+            skip = tf.where(resumed, tf.gather(self._slot_applied, slot_idx)[0],
+                            tf.constant(0, tf.int64))
+            self._slot_lease.scatter_update(tf.IndexedSlices(tf.reshape(lease_id, [1]), slot_idx))
+            self._slot_applied.scatter_update(tf.IndexedSlices(tf.reshape(skip, [1]), slot_idx))
+            offset = skip
+            for batch in shard_dataset(path, file_start + skip, length - skip, self.batch_size):
                 n = tf.shape(batch["label"], out_type=tf.int64)[0]
-                ids = start + offset + tf.range(n, dtype=tf.int64)
+                ids = global_start + offset + tf.range(n, dtype=tf.int64)
                 self._step_fn(batch, ids)
                 offset += n
+                self._slot_applied.scatter_update(tf.IndexedSlices(tf.reshape(offset, [1]),
+                                                                   slot_idx))
             return offset
-        return self.strategy.run(replica_fn, args=(path, start, length))
+        return self.strategy.run(replica_fn, args=(path, file_start, global_start, length, slot,
+                                                   lease_id))
 
     def train(self) -> TrainResult:
         """Pulls and trains until the master says END. Returns what was trained."""
+        free_slots = list(range(self.window))
         slots = threading.Semaphore(self.window)
         done = {"shards": 0, "records": 0}
         lock = threading.Lock()
         errors: list[BaseException] = []
         t0 = time.monotonic()
 
-        def settle(shard: pb.Shard, remote):
+        def settle(shard: pb.Shard, remote, slot: int):
             try:
                 trained = int(remote.fetch())
                 if trained != shard.length:
@@ -99,6 +120,8 @@ class ShardTrainer:
             except BaseException as e:  # surfaced by train()
                 errors.append(e)
             finally:
+                with lock:
+                    free_slots.append(slot)
                 slots.release()
 
         with concurrent.futures.ThreadPoolExecutor(self.window, "antdt-settle") as pool:
@@ -113,10 +136,13 @@ class ShardTrainer:
                     time.sleep(resp.retry_after_seconds)
                     continue
                 s = resp.shard
+                with lock:
+                    slot = free_slots.pop()
                 remote = self.coordinator.schedule(self._train_shard, args=(
                     tf.constant(s.file or self.path), tf.constant(s.file_start, tf.int64),
-                    tf.constant(s.length, tf.int64)))
-                pool.submit(settle, s, remote)
+                    tf.constant(s.start, tf.int64), tf.constant(s.length, tf.int64),
+                    tf.constant(slot, tf.int64), tf.constant(s.lease_id, tf.int64)))
+                pool.submit(settle, s, remote, slot)
         self.coordinator.join()
         if errors:
             raise errors[0]
