@@ -2,14 +2,6 @@
 processes) train a DeepFM on a compact record file through the master; the audit
 counter on the PS shows how often every record was applied."""
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-
 import pytest
 
 from antdt_tf.data import criteo, records
@@ -17,65 +9,35 @@ from antdt_tf.sharding.client import ShardingClient
 from antdt_tf.sharding.plan import DataFile, DatasetSpec
 from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
 from antdt_tf.sharding.state import ShardState
+from antdt_tf.tf.local_cluster import LocalCluster, run_local_job
 
 pytestmark = pytest.mark.slow
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def run_job(tmp_path, num_records, records_per_shard, batch_size, kill_worker_after_shards=None):
     """Runs master + 1 PS + 2 workers + coordinator; optionally SIGKILLs worker 1 once
-    that many shards are DONE. Returns (report, final progress, shards done at kill)."""
+    that many shards are DONE. Returns (report, final progress, shards done at kill,
+    coordinator log)."""
     data = tmp_path / "train.adtr"
     records.write_records(data, criteo.generate(criteo.SyntheticSpec(num_records, seed=1)))
-    chief, ps0, w0, w1 = free_ports(4)
-    cluster = json.dumps({"chief": [f"127.0.0.1:{chief}"], "ps": [f"127.0.0.1:{ps0}"],
-                          "worker": [f"127.0.0.1:{w0}", f"127.0.0.1:{w1}"]})
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    servers, killed_at = {}, None
-    with BackgroundMaster(ShardingServicer(ShardState())) as master:
-        admin = ShardingClient(master.address)
-        try:
-            admin.register_dataset(DatasetSpec("train", records_per_shard=records_per_shard,
-                                               files=(DataFile(str(data), num_records),)))
-            for job, index in (("ps", 0), ("worker", 0), ("worker", 1)):
-                servers[f"{job}{index}"] = subprocess.Popen(
-                    [sys.executable, "-m", "antdt_tf.tf.server", f"--cluster={cluster}",
-                     f"--job={job}", f"--index={index}"], env=env, start_new_session=True,
-                    stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{job}{index}.log", "wb"))
-            report = tmp_path / "report.json"
-            coordinator = subprocess.Popen(
-                [sys.executable, "-m", "antdt_tf.tf.coordinator", f"--cluster={cluster}",
-                 f"--master={master.address}", f"--batch_size={batch_size}", "--buckets=4096",
-                 "--audit", f"--report_json={report}"], env=env, start_new_session=True,
-                stdout=subprocess.DEVNULL, stderr=open(tmp_path / "coordinator.log", "wb"))
-            deadline = time.monotonic() + 240
-            while coordinator.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-                if kill_worker_after_shards is not None and killed_at is None:
-                    done = admin.progress("train").datasets[0].done_shards
-                    if done >= kill_worker_after_shards:
-                        os.killpg(servers["worker1"].pid, signal.SIGKILL)   # a process we started
-                        killed_at = done
-            assert coordinator.wait(timeout=10) == 0, \
-                (tmp_path / "coordinator.log").read_text()[-3000:]
-            progress = admin.progress("train").datasets[0]
-        finally:
-            for p in servers.values():
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-            admin.close()
-    return json.loads(report.read_text()), progress, killed_at, \
-        (tmp_path / "coordinator.log").read_text()
+    killed_at = []
+    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
+            LocalCluster(num_ps=1, num_workers=2, log_dir=tmp_path) as cluster, \
+            ShardingClient(master.address) as admin:
+        admin.register_dataset(DatasetSpec("train", records_per_shard=records_per_shard,
+                                           files=(DataFile(str(data), num_records),)))
+
+        def maybe_kill():
+            if kill_worker_after_shards is not None and not killed_at:
+                done = admin.progress("train").datasets[0].done_shards
+                if done >= kill_worker_after_shards:
+                    cluster.kill("worker", 1)
+                    killed_at.append(done)
+
+        report = run_local_job(tmp_path, master.address, cluster, batch_size, buckets=4096,
+                               timeout=240, on_poll=maybe_kill)
+        progress = admin.progress("train").datasets[0]
+    return report, progress, (killed_at or [None])[0], report["log"]
 
 
 def test_pss_job_trains_every_record_exactly_once(tmp_path):
