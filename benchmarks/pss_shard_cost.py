@@ -1,0 +1,81 @@
+"""Fixed cost per shard of the PSS data path (antdt-tf ShardTrainer).
+
+Runs the same job (master + 1 PS + 2 workers + coordinator, DeepFM, synthetic data)
+with 512 and with 8,192 records per shard, in paired rounds, and reports the trainer's
+wall time (JCT without cluster start-up) of each; the fixed cost per shard is the
+difference divided by the extra shards. This machine's speed drifts, hence paired
+rounds and medians.
+
+Usage: python -m benchmarks.pss_shard_cost [--records=65536] [--rounds=3]
+       [--out=benchmarks/results/pss_shard_cost.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import tempfile
+import time
+
+from antdt_tf.data import criteo, records
+from antdt_tf.sharding.client import ShardingClient
+from antdt_tf.sharding.plan import DataFile, DatasetSpec
+from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+from antdt_tf.sharding.state import ShardState
+from antdt_tf.tf.local_cluster import LocalCluster, run_local_job
+
+
+def one_run(work: pathlib.Path, data: pathlib.Path, num_records: int, rps: int, batch: int):
+    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
+            LocalCluster(num_ps=1, num_workers=2, log_dir=work) as cluster, \
+            ShardingClient(master.address) as admin:
+        admin.register_dataset(DatasetSpec("train", records_per_shard=rps,
+                                           files=(DataFile(str(data), num_records),)))
+        report = run_local_job(work, master.address, cluster, batch, audit=False)
+    assert report["records"] == num_records, report
+    return report["seconds"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=65_536)
+    ap.add_argument("--batch_size", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results/pss_shard_cost.md")
+    args = ap.parse_args()
+    work = pathlib.Path(tempfile.mkdtemp(prefix="antdt-shardcost-"))
+    data = work / "train.adtr"
+    records.write_records(data, criteo.generate(criteo.SyntheticSpec(args.records, seed=1)))
+    sizes = (512, 8192)
+    times = {s: [] for s in sizes}
+    for r in range(args.rounds):
+        for rps in sizes:
+            run_dir = work / f"r{r}-{rps}"
+            run_dir.mkdir()
+            t = one_run(run_dir, data, args.records, rps, args.batch_size)
+            times[rps].append(t)
+            print(f"round {r}: {rps:>5} records/shard: {t:6.2f} s", flush=True)
+    med = {s: statistics.median(v) for s, v in times.items()}
+    extra = args.records // sizes[0] - args.records // sizes[1]
+    fixed_jct = (med[512] - med[8192]) / extra
+    lines = [
+        f"PSS fixed cost per shard ({time.strftime('%Y-%m-%d')}; 1 PS, 2 workers, DeepFM, "
+        f"{args.records:,} records, batch {args.batch_size}, {args.rounds} paired rounds, medians)",
+        "",
+        "| records per shard | shards | trainer wall time (s) | records/s |",
+        "|---:|---:|---:|---:|",
+    ]
+    for s in sizes:
+        lines.append(f"| {s:,} | {args.records // s} | {med[s]:.2f} | {args.records / med[s]:,.0f} |")
+    lines += ["", f"Fixed cost per extra shard: {fixed_jct * 1e3:.1f} ms of JCT "
+              f"(≈ {2 * fixed_jct * 1e3:.1f} ms of worker time with 2 workers busy)."]
+    text = "\n".join(lines) + "\n"
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print("\n" + text)
+
+
+if __name__ == "__main__":
+    main()
