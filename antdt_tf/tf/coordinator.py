@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 from absl import app, flags
 
@@ -27,6 +28,11 @@ flags.DEFINE_integer("batch_size", 256, "Records per batch.")
 flags.DEFINE_integer("buckets", 1 << 16, "Hash buckets of the embedding tables.")
 flags.DEFINE_boolean("audit", False, "Count per record how many times it was applied.")
 flags.DEFINE_string("report_json", "", "Write the result report here.")
+flags.DEFINE_string("checkpoint_dir", "", "Checkpoint model + sharding state here at shard "
+                    "boundaries; a restarted coordinator restores both from the latest.")
+flags.DEFINE_integer("checkpoint_every_shards", 8, "Checkpoint after this many DONE shards.")
+flags.DEFINE_integer("incarnation", -1, "This coordinator's incarnation for the master "
+                     "(-1: milliseconds since the epoch, which grows with every relaunch).")
 
 
 def main(argv):
@@ -42,10 +48,12 @@ def main(argv):
     import tensorflow as tf
 
     from antdt_tf.models.deepfm import DeepFM
-    from antdt_tf.sharding.client import ShardingClient
+    from antdt_tf.sharding.client import ShardingClient, Task
+    from antdt_tf.tf.checkpoint import ShardingCheckpoint
     from antdt_tf.tf.trainer import ShardTrainer
 
-    client = ShardingClient(FLAGS.master)
+    incarnation = FLAGS.incarnation if FLAGS.incarnation >= 0 else int(time.time() * 1000)
+    client = ShardingClient(FLAGS.master, Task("chief", 0, incarnation))
     progress = client.progress(FLAGS.dataset).datasets[0]
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
@@ -57,10 +65,19 @@ def main(argv):
     audit_records = progress.records_per_epoch if FLAGS.audit else 0
     with strategy.scope():
         model = DeepFM(buckets=FLAGS.buckets, audit_records=audit_records)
+    report = {}
+    on_checkpoint = None
+    if FLAGS.checkpoint_dir:
+        ckpt = ShardingCheckpoint(FLAGS.checkpoint_dir, model, client, [FLAGS.dataset])
+        restored = ckpt.restore_or_initialize()
+        report["restored_from"] = restored or ""
+        on_checkpoint = ckpt.save
     trainer = ShardTrainer(strategy, coordinator, client, FLAGS.dataset, model.train_step,
-                           FLAGS.batch_size, num_workers=len(spec["worker"]))
+                           FLAGS.batch_size, num_workers=len(spec["worker"]),
+                           task=client.task, checkpoint_every_shards=FLAGS.checkpoint_every_shards,
+                           on_checkpoint=on_checkpoint)
     result = trainer.train()
-    report = {"records": result.records, "shards": result.shards, "seconds": result.seconds}
+    report.update(records=result.records, shards=result.shards, seconds=result.seconds)
     if audit_records:
         counts = model.applied.numpy() if not hasattr(model.applied, "variables") else \
             tf.concat([v.read_value() for v in model.applied.variables], 0).numpy()

@@ -79,10 +79,11 @@ class LocalCluster:
 
 def run_local_job(workdir: str | os.PathLike, master_address: str, cluster: LocalCluster,
                   batch_size: int, audit: bool = True, buckets: int = 1 << 16,
-                  timeout: float = 600.0, on_poll=None) -> dict:
+                  timeout: float = 600.0, on_poll=None, flags=()) -> Optional[dict]:
     """Runs ``antdt_tf.tf.coordinator`` against ``cluster`` and the master until it
-    exits; ``on_poll()`` is called every 50 ms meanwhile (fault injection in tests).
-    Returns the coordinator's JSON report, with its log under ``"log"``."""
+    exits; ``on_poll(proc)`` is called every 50 ms meanwhile (fault injection in tests).
+    Returns the coordinator's JSON report, with its log under ``"log"``, or None if the
+    coordinator was SIGKILLed (by ``on_poll``)."""
     import time
 
     workdir = pathlib.Path(workdir)
@@ -90,8 +91,8 @@ def run_local_job(workdir: str | os.PathLike, master_address: str, cluster: Loca
     log_path = workdir / "coordinator.log"
     cmd = [sys.executable, "-m", "antdt_tf.tf.coordinator", f"--cluster={cluster.spec_json}",
            f"--master={master_address}", f"--batch_size={batch_size}", f"--buckets={buckets}",
-           f"--report_json={report}"] + (["--audit"] if audit else [])
-    with open(log_path, "wb") as log:
+           f"--report_json={report}", *flags] + (["--audit"] if audit else [])
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, env=cluster.env, start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=log)
     try:
@@ -99,9 +100,11 @@ def run_local_job(workdir: str | os.PathLike, master_address: str, cluster: Loca
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
             if on_poll is not None:
-                on_poll()
+                on_poll(proc)
         if proc.poll() is None:
             raise TimeoutError(f"coordinator still running after {timeout}s; see {log_path}")
+        if proc.returncode == -signal.SIGKILL:
+            return None
         if proc.returncode != 0:
             raise RuntimeError(f"coordinator exited {proc.returncode}:\n"
                                f"{log_path.read_text()[-3000:]}")

@@ -53,11 +53,14 @@ class ShardTrainer:
       num_workers: worker tasks in the cluster (sizes the window of scheduled closures).
       in_flight_per_worker: closures scheduled ahead per worker (keeps workers busy while
         the coordinator reports and fetches).
+      checkpoint_every_shards / on_checkpoint: every that many DONE shards, drain the
+        closures in flight and call ``on_checkpoint()`` at that shard boundary.
     """
 
     def __init__(self, strategy, coordinator, client: ShardingClient, dataset: str, step_fn,
                  batch_size: int, num_workers: int, path: str = "",
-                 in_flight_per_worker: int = 2, task: Task = Task("chief", 0)):
+                 in_flight_per_worker: int = 2, task: Task = Task("chief", 0),
+                 checkpoint_every_shards: int = 0, on_checkpoint=None):
         self.strategy = strategy
         self.coordinator = coordinator
         self.client = client
@@ -67,6 +70,8 @@ class ShardTrainer:
         self.task = task
         self.window = max(1, in_flight_per_worker * num_workers)
         self._step_fn = step_fn
+        self.checkpoint_every_shards = checkpoint_every_shards
+        self.on_checkpoint = on_checkpoint
         with strategy.scope():
             # Per scheduling slot: the lease it runs and how many of its records were
             # applied. On the PS, so a closure re-run on another worker can resume.
@@ -131,8 +136,26 @@ class ShardTrainer:
                     free_slots.append(slot)
                 slots.release()
 
+        last_checkpoint = 0
+
+        def at_shard_boundary():
+            """Drains the closures in flight, so the model holds exactly the DONE shards,
+            then checkpoints (model and sharding state agree)."""
+            for _ in range(self.window):
+                slots.acquire()
+            try:
+                if not errors:
+                    self.on_checkpoint()
+            finally:
+                for _ in range(self.window):
+                    slots.release()
+
         with concurrent.futures.ThreadPoolExecutor(self.window, "antdt-settle") as pool:
             while not errors:
+                if (self.on_checkpoint is not None and self.checkpoint_every_shards and
+                        done["shards"] - last_checkpoint >= self.checkpoint_every_shards):
+                    at_shard_boundary()
+                    last_checkpoint = done["shards"]
                 slots.acquire()
                 resp = self.client.get_shard(self.dataset, task=self.task)
                 if resp.status == pb.GetShardResponse.END:
