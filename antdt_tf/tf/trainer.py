@@ -106,9 +106,12 @@ class ShardTrainer:
                 self._slot_applied.scatter_update(tf.IndexedSlices(tf.reshape(offset, [1]),
                                                                    slot_idx))
                 raw = batches.get_next_as_optional()
-            return offset
-        return self.strategy.run(replica_fn, args=(path, file_start, global_start, length, slot,
-                                                   lease_id))
+            tf.debugging.assert_equal(offset, length, message="the shard has fewer records "
+                                      "than registered (file shorter than its record count?)")
+            # No return value: fetching a remote tensor from several threads at once
+            # crashed the coordinator (SIGSEGV in ClusterCoordinator's copy to local).
+        self.strategy.run(replica_fn, args=(path, file_start, global_start, length, slot,
+                                            lease_id))
 
     def train(self) -> TrainResult:
         """Pulls and trains until the master says END. Returns what was trained."""
@@ -121,10 +124,8 @@ class ShardTrainer:
 
         def settle(shard: pb.Shard, remote, slot: int):
             try:
-                trained = int(remote.fetch())
-                if trained != shard.length:
-                    raise RuntimeError(f"shard {shard.shard_id}: trained {trained} of "
-                                       f"{shard.length} records (file shorter than registered?)")
+                remote.fetch()   # waits for the closure; raises what it raised
+                trained = shard.length
                 self.client.report_done(shard, task=self.task)
                 with lock:
                     done["shards"] += 1
