@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 
+from benchmarks.results_table import write_table
 from antdt_tf.data import criteo, records
 from antdt_tf.sharding.client import ShardingClient
 from antdt_tf.sharding.plan import DataFile, DatasetSpec
@@ -70,11 +71,7 @@ def main():
         lines.append(f"| {s:,} | {args.records // s} | {med[s]:.2f} | {args.records / med[s]:,.0f} |")
     lines += ["", f"Fixed cost per extra shard: {fixed_jct * 1e3:.1f} ms of JCT "
               f"(≈ {2 * fixed_jct * 1e3:.1f} ms of worker time with 2 workers busy)."]
-    text = "\n".join(lines) + "\n"
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print("\n" + text)
+    write_table(args.out, lines)
 
 
 if __name__ == "__main__":

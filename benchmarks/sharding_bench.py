@@ -35,6 +35,7 @@ import time
 import grpc
 import psutil
 
+from benchmarks.results_table import write_table
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.proto import sharding_pb2_grpc as pb_grpc
 
@@ -190,11 +191,7 @@ def main():
         f"{rss1 / 2**20:.0f} MB after (+{(rss1 - rss0) / 2**20:.1f} MB), "
         f"{rss2 / 2**20:.0f} MB after the load runs.",
     ]
-    text = "\n".join(lines) + "\n"
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print("\n" + text)
+    write_table(args.out, lines)
 
 
 if __name__ == "__main__":

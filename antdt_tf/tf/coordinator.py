@@ -20,6 +20,8 @@ import time
 
 from absl import app, flags
 
+from antdt_tf.tf.cluster_spec import parse_cluster_flag
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("cluster", None, "Cluster spec as JSON (needs a 'chief' job).")
 flags.DEFINE_string("master", None, "host:port of antdt-master.")
@@ -38,10 +40,7 @@ flags.DEFINE_integer("incarnation", -1, "This coordinator's incarnation for the 
 def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        spec = json.loads(FLAGS.cluster)
-    except json.JSONDecodeError as e:
-        raise app.UsageError(f"--cluster is not valid JSON: {e}") from e
+    spec = parse_cluster_flag(FLAGS.cluster)
     for job in ("chief", "ps", "worker"):
         if not spec.get(job):
             raise app.UsageError(f"the cluster spec needs a {job!r} job")

@@ -10,10 +10,11 @@ restored from checkpoints by the coordinator).
 
 from __future__ import annotations
 
-import json
 import os
 
 from absl import app, flags
+
+from antdt_tf.tf.cluster_spec import parse_cluster_flag
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("cluster", None, "Cluster spec as JSON: job name -> list of host:port.")
@@ -24,10 +25,7 @@ flags.DEFINE_integer("index", 0, "This task's index in its job.")
 def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        spec = json.loads(FLAGS.cluster)
-    except json.JSONDecodeError as e:
-        raise app.UsageError(f"--cluster is not valid JSON: {e}") from e
+    spec = parse_cluster_flag(FLAGS.cluster)
     if FLAGS.job not in spec or not 0 <= FLAGS.index < len(spec[FLAGS.job]):
         raise app.UsageError(f"task {FLAGS.job}:{FLAGS.index} is not in the cluster spec")
     import tensorflow as tf  # after flag checks: importing TF takes seconds
