@@ -23,3 +23,39 @@ def test_service_layer_imports_no_tensorflow():
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "tensorflow" not in json.loads(out.stdout)
+
+
+def test_children_die_with_their_parent(tmp_path):
+    """A process started with die_with_parent is SIGKILLed when its parent dies."""
+    import os
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from antdt_tf.procutil import die_with_parent\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " preexec_fn=die_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid))\n"
+        "time.sleep(60)\n")])
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.kill()   # SIGKILL the parent we started
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        try:
+            with open(f"/proc/{child}/stat") as f:   # a zombie awaiting its reaper is dead too
+                if f.read().split()[2] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
+    pytest.fail("the child outlived its parent")

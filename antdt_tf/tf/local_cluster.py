@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import Optional
 
+from antdt_tf.procutil import die_with_parent
+
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     socks = [socket.socket() for _ in range(n)]
@@ -51,7 +53,7 @@ class LocalCluster:
             self.procs[job, index] = subprocess.Popen(
                 [sys.executable, "-m", "antdt_tf.tf.server", f"--cluster={self.spec_json}",
                  f"--job={job}", f"--index={index}"], env=self.env, start_new_session=True,
-                stdout=subprocess.DEVNULL, stderr=log)
+                stdout=subprocess.DEVNULL, stderr=log, preexec_fn=die_with_parent)
         return self.procs[job, index]
 
     def start(self) -> "LocalCluster":
@@ -94,7 +96,7 @@ def run_local_job(workdir: str | os.PathLike, master_address: str, cluster: Loca
            f"--report_json={report}", *flags] + (["--audit"] if audit else [])
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, env=cluster.env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=log)
+                                stdout=subprocess.DEVNULL, stderr=log, preexec_fn=die_with_parent)
     try:
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:
