@@ -136,3 +136,36 @@ def test_master_sigkill_during_training_loses_and_repeats_nothing(tmp_path):
     assert restarted
     assert report["audit"] == {"applied_0": 0, "applied_1": n, "applied_2plus": 0}
     assert progress.finished and progress.records_done_total == n
+
+
+def test_ps_sigkill_exits_75_and_the_relaunch_restores_from_the_last_boundary(tmp_path):
+    """A PS dies: the coordinator exits 75 (relaunch me); with the PS back on its
+    address, the relaunched coordinator restores model (the PS state) and sharding state
+    from the last shard-boundary checkpoint and finishes with an exact audit."""
+    n, rps = 16_384, 512
+    data = tmp_path / "train.adtr"
+    records.write_records(data, criteo.generate(criteo.SyntheticSpec(n, seed=4)))
+    flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--checkpoint_every_shards=4"]
+    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
+            LocalCluster(num_ps=1, num_workers=2, log_dir=tmp_path) as cluster, \
+            ShardingClient(master.address) as admin:
+        admin.register_dataset(DatasetSpec("train", records_per_shard=rps,
+                                           files=(DataFile(str(data), n),)))
+        killed = []
+
+        def kill_ps(_coordinator):
+            if not killed and admin.progress("train").datasets[0].done_shards >= 10:
+                cluster.kill("ps", 0)
+                killed.append(True)
+
+        with pytest.raises(RuntimeError, match="coordinator exited 75"):
+            run_local_job(tmp_path, master.address, cluster, 256, buckets=4096, timeout=240,
+                          on_poll=kill_ps, flags=flags)
+        assert killed
+        cluster.start_task("ps", 0)       # a new PS on the same address
+        report = run_local_job(tmp_path, master.address, cluster, 256, buckets=4096,
+                               timeout=240, flags=flags)
+        progress = admin.progress("train").datasets[0]
+    assert report["restored_from"]
+    assert report["audit"] == {"applied_0": 0, "applied_1": n, "applied_2plus": 0}
+    assert progress.finished

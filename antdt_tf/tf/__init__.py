@@ -8,7 +8,8 @@
 - ``server`` / ``coordinator``: the TF task and chief binaries; ``local_cluster`` runs
   them on this machine.
 
-Failure modes handled: worker death (closure re-run, resumed), coordinator death
-(relaunch restores model and sharding state together), master restart (clients wait
-and retry). Not yet: PS death (needs a strategy rebuild from the last checkpoint).
+Failure modes handled: worker death (closure re-run, resumed), coordinator death and PS
+death (the coordinator exits 75; its relaunch restores model and sharding state
+together), master restart (clients wait and retry). Relaunching is the supervisor's
+job (the coming launcher/agents; tests do it by hand).
 """

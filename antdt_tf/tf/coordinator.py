@@ -9,11 +9,15 @@ Builds ``ParameterServerStrategy`` (embeddings partitioned over the PS tasks) an
 ``ClusterCoordinator``, then runs :class:`~antdt_tf.tf.trainer.ShardTrainer` until the
 master says END, and writes a JSON report (records, shards, seconds and, with
 ``--audit``, how many records were applied 0, 1 and 2+ times).
+
+Exit codes: 0 done; 75 a cluster task (e.g. a PS) became unavailable — relaunch after
+it is back, the checkpoint restores model and sharding state; 1 any other failure.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -23,6 +27,7 @@ from absl import app, flags
 from antdt_tf.tf.cluster_spec import parse_cluster_flag
 
 FLAGS = flags.FLAGS
+EXIT_CLUSTER_UNAVAILABLE = 75  # EX_TEMPFAIL: relaunch when the cluster is whole again
 flags.DEFINE_string("cluster", None, "Cluster spec as JSON (needs a 'chief' job).")
 flags.DEFINE_string("master", None, "host:port of antdt-master.")
 flags.DEFINE_string("dataset", "train", "Registered dataset to train.")
@@ -75,7 +80,16 @@ def main(argv):
                            FLAGS.batch_size, num_workers=len(spec["worker"]),
                            task=client.task, checkpoint_every_shards=FLAGS.checkpoint_every_shards,
                            on_checkpoint=on_checkpoint)
-    result = trainer.train()
+    try:
+        result = trainer.train()
+    except tf.errors.UnavailableError as e:
+        # A PS (or every worker) is gone: this strategy cannot continue. Exit with
+        # EX_TEMPFAIL so the supervisor relaunches once the task is back; the relaunch
+        # restores model and sharding state from the last shard-boundary checkpoint.
+        _leave(EXIT_CLUSTER_UNAVAILABLE, f"cluster task unavailable, relaunch me: {e}")
+    except Exception as e:  # the binary's top level: report, then leave (see _leave)
+        logging.exception("training failed")
+        _leave(1, f"training failed: {type(e).__name__}: {e}")
     report.update(records=result.records, shards=result.shards, seconds=result.seconds)
     if audit_records:
         counts = model.applied.numpy() if not hasattr(model.applied, "variables") else \
@@ -88,12 +102,18 @@ def main(argv):
     if FLAGS.report_json:
         with open(FLAGS.report_json, "w") as f:
             f.write(text)
-    # ClusterCoordinator's destructor waits for every failed worker to come back (its
-    # failure handler keeps reconnecting), so a job that lost a worker would never exit.
-    # Everything is reported and the master has every DONE: leave now.
+    _leave(0)
+
+
+def _leave(code: int, message: str = "") -> None:
+    """Exits now. ClusterCoordinator's destructor waits for every failed task to come
+    back (its failure handler keeps reconnecting), so a job that lost a task would
+    never exit normally; everything worth keeping is reported by then."""
+    if message:
+        print(f"antdt-coordinator: {message}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def run():
