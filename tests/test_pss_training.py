@@ -46,6 +46,9 @@ def run_job(tmp_path, num_records, records_per_shard, batch_size, kill_worker_af
 def test_pss_job_trains_every_record_exactly_once(tmp_path):
     report, progress, _, _ = run_job(tmp_path, 8192, 512, 256)
     assert report["records"] == 8192 and report["shards"] == 16
+    # both workers pulled work; the per-worker split adds up
+    assert sum(report["shards_per_worker"]) == 16 and min(report["shards_per_worker"]) > 0
+    assert sum(report["records_per_worker"]) == 8192
     assert report["audit"] == {"applied_0": 0, "applied_1": 8192, "applied_2plus": 0}
     assert progress.finished and progress.records_done_total == 8192
 

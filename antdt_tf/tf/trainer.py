@@ -38,6 +38,8 @@ class TrainResult:
     shards: int
     records: int
     seconds: float
+    shards_per_worker: list[int] = dataclasses.field(default_factory=list)
+    records_per_worker: list[int] = dataclasses.field(default_factory=list)
 
 
 class ShardTrainer:
@@ -79,6 +81,11 @@ class ShardTrainer:
                                            trainable=False, name="antdt_slot_lease")
             self._slot_applied = tf.Variable(tf.zeros([self.window], tf.int64),
                                              trainable=False, name="antdt_slot_applied")
+            # Shards and records each worker finished: the dynamic split, measured.
+            self._worker_shards = tf.Variable(tf.zeros([num_workers], tf.int64),
+                                              trainable=False, name="antdt_worker_shards")
+            self._worker_records = tf.Variable(tf.zeros([num_workers], tf.int64),
+                                               trainable=False, name="antdt_worker_records")
         self._train_shard = tf.function(self._train_shard_fn)
 
     def _train_shard_fn(self, path, file_start, global_start, length, slot, lease_id):
@@ -108,6 +115,11 @@ class ShardTrainer:
                 raw = batches.get_next_as_optional()
             tf.debugging.assert_equal(offset, length, message="the shard has fewer records "
                                       "than registered (file shorter than its record count?)")
+            worker = tf.reshape(tf.cast(
+                tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64), [1])
+            self._worker_shards.scatter_add(tf.IndexedSlices(tf.ones([1], tf.int64), worker))
+            self._worker_records.scatter_add(tf.IndexedSlices(tf.reshape(length - skip, [1]),
+                                                              worker))
             # No return value: fetching a remote tensor from several threads at once
             # crashed the coordinator (SIGSEGV in ClusterCoordinator's copy to local).
         self.strategy.run(replica_fn, args=(path, file_start, global_start, length, slot,
@@ -177,4 +189,6 @@ class ShardTrainer:
         self.coordinator.join()
         if errors:
             raise errors[0]
-        return TrainResult(done["shards"], done["records"], time.monotonic() - t0)
+        return TrainResult(done["shards"], done["records"], time.monotonic() - t0,
+                           self._worker_shards.numpy().tolist(),
+                           self._worker_records.numpy().tolist())
