@@ -172,3 +172,25 @@ def test_ps_sigkill_exits_75_and_the_relaunch_restores_from_the_last_boundary(tm
     assert report["restored_from"]
     assert report["audit"] == {"applied_0": 0, "applied_1": n, "applied_2plus": 0}
     assert progress.finished
+
+
+def test_a_slowed_worker_ends_up_with_fewer_shards(tmp_path):
+    """Worker 1 gets a quarter of its CPU (SIGSTOP/SIGCONT duty cycling) for the whole
+    run: pulling gives the fast worker most shards, and the audit stays exact."""
+    from antdt_tf.agent.throttle import CpuThrottle
+
+    n, rps = 16_384, 256
+    data = tmp_path / "train.adtr"
+    records.write_records(data, criteo.generate(criteo.SyntheticSpec(n, seed=5)))
+    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
+            LocalCluster(num_ps=1, num_workers=2, log_dir=tmp_path) as cluster, \
+            ShardingClient(master.address) as admin, \
+            CpuThrottle(cluster.procs["worker", 1].pid, factor=4):
+        admin.register_dataset(DatasetSpec("train", records_per_shard=rps,
+                                           files=(DataFile(str(data), n),)))
+        report = run_local_job(tmp_path, master.address, cluster, 128, buckets=4096,
+                               timeout=240)
+    fast, slow = report["shards_per_worker"]
+    assert fast + slow == n // rps
+    assert fast > 1.5 * slow, report["shards_per_worker"]
+    assert report["audit"] == {"applied_0": 0, "applied_1": n, "applied_2plus": 0}
