@@ -2,6 +2,7 @@
 processes) train a DeepFM on a compact record file through the master; the audit
 counter on the PS shows how often every record was applied."""
 
+import contextlib
 import os
 import signal
 
@@ -17,18 +18,29 @@ from antdt_tf.tf.local_cluster import LocalCluster, run_local_job
 pytestmark = pytest.mark.slow
 
 
+@contextlib.contextmanager
+def pss_cluster(tmp_path, num_records, records_per_shard, seed=1, master_address=None):
+    """Record file + master (in-process unless ``master_address``) + 1 PS + 2 workers,
+    with the dataset registered. Yields (master address, cluster, admin client)."""
+    data = tmp_path / "train.adtr"
+    records.write_records(data, criteo.generate(criteo.SyntheticSpec(num_records, seed=seed)))
+    with contextlib.ExitStack() as stack:
+        if master_address is None:
+            master_address = stack.enter_context(
+                BackgroundMaster(ShardingServicer(ShardState()))).address
+        cluster = stack.enter_context(LocalCluster(num_ps=1, num_workers=2, log_dir=tmp_path))
+        admin = stack.enter_context(ShardingClient(master_address))
+        admin.register_dataset(DatasetSpec("train", records_per_shard=records_per_shard,
+                                           files=(DataFile(str(data), num_records),)))
+        yield master_address, cluster, admin
+
+
 def run_job(tmp_path, num_records, records_per_shard, batch_size, kill_worker_after_shards=None):
     """Runs master + 1 PS + 2 workers + coordinator; optionally SIGKILLs worker 1 once
     that many shards are DONE. Returns (report, final progress, shards done at kill,
     coordinator log)."""
-    data = tmp_path / "train.adtr"
-    records.write_records(data, criteo.generate(criteo.SyntheticSpec(num_records, seed=1)))
     killed_at = []
-    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
-            LocalCluster(num_ps=1, num_workers=2, log_dir=tmp_path) as cluster, \
-            ShardingClient(master.address) as admin:
-        admin.register_dataset(DatasetSpec("train", records_per_shard=records_per_shard,
-                                           files=(DataFile(str(data), num_records),)))
+    with pss_cluster(tmp_path, num_records, records_per_shard) as (master, cluster, admin):
 
         def maybe_kill(_coordinator):
             if kill_worker_after_shards is not None and not killed_at:
@@ -37,7 +49,7 @@ def run_job(tmp_path, num_records, records_per_shard, batch_size, kill_worker_af
                     cluster.kill("worker", 1)
                     killed_at.append(done)
 
-        report = run_local_job(tmp_path, master.address, cluster, batch_size, buckets=4096,
+        report = run_local_job(tmp_path, master, cluster, batch_size, buckets=4096,
                                timeout=240, on_poll=maybe_kill)
         progress = admin.progress("train").datasets[0]
     return report, progress, (killed_at or [None])[0], report["log"]
@@ -73,14 +85,8 @@ def test_coordinator_sigkill_restores_model_and_sharding_state_together(tmp_path
     mid-run and relaunched on the same cluster, it restores both and finishes with
     every record applied exactly once in the final model."""
     n, rps = 16_384, 512
-    data = tmp_path / "train.adtr"
-    records.write_records(data, criteo.generate(criteo.SyntheticSpec(n, seed=2)))
     flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--checkpoint_every_shards=4"]
-    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
-            LocalCluster(num_ps=1, num_workers=2, log_dir=tmp_path) as cluster, \
-            ShardingClient(master.address) as admin:
-        admin.register_dataset(DatasetSpec("train", records_per_shard=rps,
-                                           files=(DataFile(str(data), n),)))
+    with pss_cluster(tmp_path, n, rps, seed=2) as (master, cluster, admin):
         killed = []
 
         def kill_coordinator(proc):
@@ -88,12 +94,12 @@ def test_coordinator_sigkill_restores_model_and_sharding_state_together(tmp_path
                 os.killpg(proc.pid, signal.SIGKILL)   # a process we started
                 killed.append(admin.progress("train").datasets[0].done_shards)
 
-        assert run_local_job(tmp_path, master.address, cluster, 256, buckets=4096, timeout=240,
+        assert run_local_job(tmp_path, master, cluster, 256, buckets=4096, timeout=240,
                              on_poll=kill_coordinator, flags=flags) is None
         assert killed and killed[0] < n // rps
         latest = tf_latest_checkpoint(tmp_path / "ckpt")
         assert not latest.endswith("ckpt-1"), "a shard-boundary checkpoint was written"
-        report = run_local_job(tmp_path, master.address, cluster, 256, buckets=4096,
+        report = run_local_job(tmp_path, master, cluster, 256, buckets=4096,
                                timeout=240, flags=flags)
         progress = admin.progress("train").datasets[0]
     assert report["restored_from"] == latest
@@ -115,15 +121,11 @@ def test_master_sigkill_during_training_loses_and_repeats_nothing(tmp_path):
     from procs import MasterProcess
 
     n, rps = 16_384, 512
-    data = tmp_path / "train.adtr"
-    records.write_records(data, criteo.generate(criteo.SyntheticSpec(n, seed=3)))
     master = MasterProcess(tmp_path / "m", state_dir=tmp_path / "state").start()
     restarted = []
     try:
-        with LocalCluster(num_ps=1, num_workers=2, log_dir=tmp_path) as cluster, \
-                ShardingClient(master.address) as admin:
-            admin.register_dataset(DatasetSpec("train", records_per_shard=rps,
-                                               files=(DataFile(str(data), n),)))
+        with pss_cluster(tmp_path, n, rps, seed=3, master_address=master.address) as (
+                address, cluster, admin):
 
             def kill_master(_coordinator):
                 if not restarted and admin.progress("train").datasets[0].done_shards >= 10:
@@ -131,7 +133,7 @@ def test_master_sigkill_during_training_loses_and_repeats_nothing(tmp_path):
                     master.start()          # same port, same state_dir
                     restarted.append(True)
 
-            report = run_local_job(tmp_path, master.address, cluster, 256, buckets=4096,
+            report = run_local_job(tmp_path, address, cluster, 256, buckets=4096,
                                    timeout=240, on_poll=kill_master)
             progress = admin.progress("train").datasets[0]
     finally:
@@ -146,14 +148,8 @@ def test_ps_sigkill_exits_75_and_the_relaunch_restores_from_the_last_boundary(tm
     address, the relaunched coordinator restores model (the PS state) and sharding state
     from the last shard-boundary checkpoint and finishes with an exact audit."""
     n, rps = 16_384, 512
-    data = tmp_path / "train.adtr"
-    records.write_records(data, criteo.generate(criteo.SyntheticSpec(n, seed=4)))
     flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--checkpoint_every_shards=4"]
-    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
-            LocalCluster(num_ps=1, num_workers=2, log_dir=tmp_path) as cluster, \
-            ShardingClient(master.address) as admin:
-        admin.register_dataset(DatasetSpec("train", records_per_shard=rps,
-                                           files=(DataFile(str(data), n),)))
+    with pss_cluster(tmp_path, n, rps, seed=4) as (master, cluster, admin):
         killed = []
 
         def kill_ps(_coordinator):
@@ -162,11 +158,11 @@ def test_ps_sigkill_exits_75_and_the_relaunch_restores_from_the_last_boundary(tm
                 killed.append(True)
 
         with pytest.raises(RuntimeError, match="coordinator exited 75"):
-            run_local_job(tmp_path, master.address, cluster, 256, buckets=4096, timeout=240,
+            run_local_job(tmp_path, master, cluster, 256, buckets=4096, timeout=240,
                           on_poll=kill_ps, flags=flags)
         assert killed
         cluster.start_task("ps", 0)       # a new PS on the same address
-        report = run_local_job(tmp_path, master.address, cluster, 256, buckets=4096,
+        report = run_local_job(tmp_path, master, cluster, 256, buckets=4096,
                                timeout=240, flags=flags)
         progress = admin.progress("train").datasets[0]
     assert report["restored_from"]
@@ -180,15 +176,9 @@ def test_a_slowed_worker_ends_up_with_fewer_shards(tmp_path):
     from antdt_tf.agent.throttle import CpuThrottle
 
     n, rps = 16_384, 256
-    data = tmp_path / "train.adtr"
-    records.write_records(data, criteo.generate(criteo.SyntheticSpec(n, seed=5)))
-    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
-            LocalCluster(num_ps=1, num_workers=2, log_dir=tmp_path) as cluster, \
-            ShardingClient(master.address) as admin, \
+    with pss_cluster(tmp_path, n, rps, seed=5) as (master, cluster, admin), \
             CpuThrottle(cluster.procs["worker", 1].pid, factor=4):
-        admin.register_dataset(DatasetSpec("train", records_per_shard=rps,
-                                           files=(DataFile(str(data), n),)))
-        report = run_local_job(tmp_path, master.address, cluster, 128, buckets=4096,
+        report = run_local_job(tmp_path, master, cluster, 128, buckets=4096,
                                timeout=240)
     fast, slow = report["shards_per_worker"]
     assert fast + slow == n // rps
