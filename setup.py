@@ -39,6 +39,8 @@ setup(
             "antdt-data=antdt_tf.data.cli:run",
             "antdt-tf-server=antdt_tf.tf.server:run",
             "antdt-coordinator=antdt_tf.tf.coordinator:run",
+            "antdt-agent=antdt_tf.agent.agent:run",
+            "antdt-launch=antdt_tf.launch:run",
         ],
     },
 )

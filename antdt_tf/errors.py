@@ -57,3 +57,8 @@ class DataError(AntdtError):
 
 class StateDirLocked(AntdtError):
     """Another master process holds the state directory."""
+
+
+class TaskAlreadyRunning(AntdtError):
+    """StartTask for a task the agent is already running (FAILED_PRECONDITION): stop it
+    first, or it would run twice."""

@@ -8,17 +8,22 @@ import numpy as np
 import pytest
 
 from antdt_tf.data import criteo, records
+from antdt_tf.data.metrics import auc
 from antdt_tf.errors import DataError, InvalidRequest
 
 DATA_BIN = str(pathlib.Path(sys.executable).parent / "antdt-data")
 
 
-def auc(y, score):
-    order = np.argsort(score, kind="stable")
-    ranks = np.empty(len(score))
-    ranks[order] = np.arange(1, len(score) + 1)
-    pos = y == 1
-    return (ranks[pos].sum() - pos.sum() * (pos.sum() + 1) / 2) / (pos.sum() * (~pos).sum())
+
+
+def test_auc_matches_pair_counting_with_ties():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 300)
+    s = rng.integers(0, 20, 300).astype(float)   # many ties
+    pairs = [(a, b) for a in s[y == 1] for b in s[y == 0]]
+    expect = np.mean([1.0 if a > b else 0.5 if a == b else 0.0 for a, b in pairs])
+    assert auc(y, s) == pytest.approx(expect)
+    assert auc(np.ones(3), np.arange(3)) != auc(np.ones(3), np.arange(3))   # NaN: one class
 
 
 @pytest.fixture(scope="module")

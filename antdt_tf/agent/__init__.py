@@ -1,6 +1,8 @@
-"""Agent: one per host; owns the TF task processes (start, stop, kill, relaunch) and
-injects faults and stragglers for tests and benchmarks.
+"""Agent: one per host; owns the job's TF task processes (start, stop, kill, relaunch),
+reports their liveness to the master, and injects faults and stragglers on request.
 
-So far: :class:`~antdt_tf.agent.throttle.CpuThrottle`, a real slowdown of a process.
-The agent daemon and its RPCs come with the launcher.
+- :class:`~antdt_tf.agent.supervisor.TaskSupervisor`: the processes, no gRPC.
+- ``antdt-agent`` (:mod:`antdt_tf.agent.agent`): the daemon serving ``antdt.v1.Agent``.
+- :class:`~antdt_tf.agent.client.AgentClient`: the launcher's side.
+- :class:`~antdt_tf.agent.throttle.CpuThrottle`: a real slowdown of a process.
 """

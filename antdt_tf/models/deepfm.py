@@ -45,6 +45,15 @@ class DeepFM(tf.Module):
         deep = tf.nn.relu(deep_in @ self.w1 + self.b1) @ self.w2
         return tf.squeeze(deep, 1) + fm + tf.reduce_sum(tf.squeeze(lin, 2), 1) + self.bias
 
+    def predict_logits(self, batch):
+        """Logits for a decoded batch (no gradient, no audit)."""
+        idx = self._hash(batch["sparse"])
+        n = tf.shape(idx)[0]
+        flat = tf.reshape(idx, [-1])
+        emb = tf.reshape(tf.gather(self.embedding, flat), [n, NUM_SPARSE, -1])
+        lin = tf.reshape(tf.gather(self.linear, flat), [n, NUM_SPARSE, 1])
+        return self.logits(batch, emb, lin)
+
     def train_step(self, batch, record_ids):
         """One SGD step on ``batch``; counts the records in the audit counter."""
         idx = self._hash(batch["sparse"])

@@ -66,13 +66,15 @@ class Task:
         return f"{self.type}:{self.index}#{self.incarnation}"
 
 
-def _raise_typed(e: grpc.RpcError, what: str):
+def _raise_typed(e: grpc.RpcError, what: str, unavailable=None):
     name = dict(e.trailing_metadata() or ()).get(ERROR_METADATA_KEY)
     cls = getattr(errors, name, None) if name else None
     if isinstance(cls, type) and issubclass(cls, errors.AntdtError):
         raise cls(e.details()) from e
     if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        raise MasterUnavailable(f"{what}: master unreachable ({e.code().name}: {e.details()})") from e
+        cls = unavailable or MasterUnavailable
+        peer = "master" if cls is MasterUnavailable else "peer"
+        raise cls(f"{what}: {peer} unreachable ({e.code().name}: {e.details()})") from e
     raise RpcFailed(f"{what}: {e.code().name}: {e.details()}") from e
 
 

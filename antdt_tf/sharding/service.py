@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from antdt_tf.errors import (AntdtError, DatasetConflict, IncompatibleState, InvalidRequest,
-                             LeaseNotHeld, StaleIncarnation, UnknownDataset, UnknownTask)
+                             LeaseNotHeld, StaleIncarnation, TaskAlreadyRunning,
+                             UnknownDataset, UnknownTask)
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.state import ShardState, spec_from_proto
 from antdt_tf.sharding.store import StateStore
@@ -39,6 +40,7 @@ ERROR_CODES: dict[type, grpc.StatusCode] = {
     StaleIncarnation: grpc.StatusCode.FAILED_PRECONDITION,
     LeaseNotHeld: grpc.StatusCode.FAILED_PRECONDITION,
     IncompatibleState: grpc.StatusCode.FAILED_PRECONDITION,
+    TaskAlreadyRunning: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -174,29 +176,43 @@ def _stream_handler(servicer: "ShardingServicer"):
     return handle
 
 
-def generic_handler(servicer: ShardingServicer) -> grpc.GenericRpcHandler:
-    service = pb.DESCRIPTOR.services_by_name["ShardingService"]
+def unary_handlers(service, servicer, after: Callable[[], None] = lambda: None) -> dict:
+    """gRPC handlers for the unary methods of ``service`` (a protobuf ServiceDescriptor)
+    implemented by the same-named methods of ``servicer``: lenient parsing, domain
+    errors mapped to status codes, ``after()`` once a call succeeded."""
     handlers = {}
     for method in service.methods:
-        request_cls = message_factory.GetMessageClass(method.input_type)
-        if method.name == "ShardStream":
-            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                _stream_handler(servicer), request_deserializer=_lenient_parser(request_cls),
-                response_serializer=lambda m: m.SerializeToString())
+        if method.client_streaming or method.server_streaming:
             continue
+        request_cls = message_factory.GetMessageClass(method.input_type)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _aio_handler(getattr(servicer, method.name), servicer.after_call),
+            _aio_handler(getattr(servicer, method.name), after),
             request_deserializer=_lenient_parser(request_cls),
             response_serializer=lambda m: m.SerializeToString())
+    return handlers
+
+
+def generic_handler(servicer: ShardingServicer) -> grpc.GenericRpcHandler:
+    service = pb.DESCRIPTOR.services_by_name["ShardingService"]
+    handlers = unary_handlers(service, servicer, servicer.after_call)
+    request_cls = message_factory.GetMessageClass(
+        service.methods_by_name["ShardStream"].input_type)
+    handlers["ShardStream"] = grpc.stream_stream_rpc_method_handler(
+        _stream_handler(servicer), request_deserializer=_lenient_parser(request_cls),
+        response_serializer=lambda m: m.SerializeToString())
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
 class MasterServer:
-    """The master's gRPC server: sharding service + standard health service."""
+    """The master's gRPC server: sharding service, cluster monitor, health service."""
 
     def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
-                 tick_seconds: float = 0.5):
+                 tick_seconds: float = 0.5, monitor=None):
+        from antdt_tf.monitor.service import ClusterMonitorServicer
+        from antdt_tf.monitor.view import ClusterView
+
         self.servicer = servicer
+        self.monitor = monitor if monitor is not None else ClusterMonitorServicer(ClusterView())
         self.bind = bind
         self.requested_port = port
         self.tick_seconds = tick_seconds
@@ -212,14 +228,15 @@ class MasterServer:
 
     async def start(self) -> int:
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
-        self._server.add_generic_rpc_handlers((generic_handler(self.servicer),))
+        self._server.add_generic_rpc_handlers((generic_handler(self.servicer),
+                                               self.monitor.generic_handler()))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         host = f"[{self.bind}]" if ":" in self.bind else self.bind
         self.port = self._server.add_insecure_port(f"{host}:{self.requested_port}")
         if not self.port:
             raise OSError(f"cannot bind {host}:{self.requested_port}")
         await self._server.start()
-        for name in ("", SERVICE_NAME):
+        for name in ("", SERVICE_NAME, self.monitor.SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
         return self.port

@@ -36,9 +36,12 @@ class ShardingCheckpoint:
     """``tf.train.CheckpointManager`` over ``{model, sharding state}``."""
 
     def __init__(self, directory: str, model: tf.Module, client: ShardingClient, datasets,
-                 max_to_keep: int = 3):
+                 max_to_keep: int = 3, **extra):
+        """``extra``: more trackables saved and restored with the model (e.g. an optimizer
+        or the trainer's per-worker counters)."""
         self.checkpoint = tf.train.Checkpoint(model=model,
-                                              sharding=_ShardingStateSlot(client, datasets))
+                                              sharding=_ShardingStateSlot(client, datasets),
+                                              **extra)
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep)
 
     def restore_or_initialize(self) -> str | None:

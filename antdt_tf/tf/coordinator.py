@@ -33,11 +33,16 @@ flags.DEFINE_string("master", None, "host:port of antdt-master.")
 flags.DEFINE_string("dataset", "train", "Registered dataset to train.")
 flags.DEFINE_integer("batch_size", 256, "Records per batch.")
 flags.DEFINE_integer("buckets", 1 << 16, "Hash buckets of the embedding tables.")
+flags.DEFINE_float("learning_rate", 0.2, "SGD learning rate of the model.")
 flags.DEFINE_boolean("audit", False, "Count per record how many times it was applied.")
 flags.DEFINE_string("report_json", "", "Write the result report here.")
 flags.DEFINE_string("checkpoint_dir", "", "Checkpoint model + sharding state here at shard "
                     "boundaries; a restarted coordinator restores both from the latest.")
 flags.DEFINE_integer("checkpoint_every_shards", 8, "Checkpoint after this many DONE shards.")
+flags.DEFINE_string("eval_data", "", "A record file (.adtr) to compute the final AUC and "
+                    "logloss on, after training (on the coordinator, reading the PS).")
+flags.DEFINE_float("report_seconds", 1.0, "How often per-worker numbers go to the master's "
+                   "ClusterMonitor (for the launcher's progress line and the controller).")
 flags.DEFINE_integer("incarnation", -1, "This coordinator's incarnation for the master "
                      "(-1: milliseconds since the epoch, which grows with every relaunch).")
 
@@ -68,18 +73,29 @@ def main(argv):
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     audit_records = progress.records_per_epoch if FLAGS.audit else 0
     with strategy.scope():
-        model = DeepFM(buckets=FLAGS.buckets, audit_records=audit_records)
-    report = {}
-    on_checkpoint = None
-    if FLAGS.checkpoint_dir:
-        ckpt = ShardingCheckpoint(FLAGS.checkpoint_dir, model, client, [FLAGS.dataset])
-        restored = ckpt.restore_or_initialize()
-        report["restored_from"] = restored or ""
-        on_checkpoint = ckpt.save
+        model = DeepFM(buckets=FLAGS.buckets, audit_records=audit_records,
+                       learning_rate=FLAGS.learning_rate)
+    from antdt_tf.monitor.client import MonitorClient
+
+    monitor = MonitorClient(FLAGS.master)
+
+    def report_workers(shards, records):
+        try:
+            monitor.report_trainer(incarnation, list(zip(shards, records)))
+        except Exception as e:  # progress reports are best effort; training goes on
+            logging.warning("per-worker report not delivered: %s", e)
+
     trainer = ShardTrainer(strategy, coordinator, client, FLAGS.dataset, model.train_step,
                            FLAGS.batch_size, num_workers=len(spec["worker"]),
                            task=client.task, checkpoint_every_shards=FLAGS.checkpoint_every_shards,
-                           on_checkpoint=on_checkpoint)
+                           on_progress=report_workers, progress_seconds=FLAGS.report_seconds)
+    report = {}
+    if FLAGS.checkpoint_dir:
+        ckpt = ShardingCheckpoint(FLAGS.checkpoint_dir, model, client, [FLAGS.dataset],
+                                  trainer=trainer.counters)
+        restored = ckpt.restore_or_initialize()
+        report["restored_from"] = restored or ""
+        trainer.on_checkpoint = ckpt.save
     try:
         result = trainer.train()
     except tf.errors.UnavailableError as e:
@@ -96,15 +112,55 @@ def main(argv):
     if audit_records:
         counts = model.applied.numpy() if not hasattr(model.applied, "variables") else \
             tf.concat([v.read_value() for v in model.applied.variables], 0).numpy()
+        expected = progress.num_epochs   # every record once per epoch
         report["audit"] = {"applied_0": int((counts == 0).sum()),
                            "applied_1": int((counts == 1).sum()),
-                           "applied_2plus": int((counts >= 2).sum())}
+                           "applied_2plus": int((counts >= 2).sum()),
+                           "expected_times": expected,
+                           "applied_expected": int((counts == expected).sum()),
+                           "applied_other": int((counts != expected).sum())}
+    if FLAGS.eval_data:
+        report.update(evaluate(tf, model, FLAGS.eval_data))
     text = json.dumps(report)
     print(text, flush=True)
     if FLAGS.report_json:
         with open(FLAGS.report_json, "w") as f:
             f.write(text)
     _leave(0)
+
+
+def evaluate(tf, model, path: str, batch: int = 8192) -> dict:
+    """AUC and logloss of the trained model on a record file, computed here with the
+    model's variables read from the PS."""
+    import numpy as np
+
+    from antdt_tf.data.metrics import auc, logloss
+    from antdt_tf.data.records import RecordFile
+
+    from antdt_tf.models.deepfm import DeepFM
+
+    # Evaluate a local copy: a tf.function over the PS-resident (sharded) variables,
+    # called on the coordinator outside schedule(), gave chance-level predictions here
+    # (TF 2.21), while the same weights copied out score as expected.
+    def value(v):
+        parts = getattr(v, "variables", None)
+        return tf.concat([p.read_value() for p in parts], 0) if parts else v.read_value()
+
+    local = DeepFM(buckets=model.buckets)
+    for name in ("embedding", "linear", "w1", "b1", "w2", "bias"):
+        getattr(local, name).assign(value(getattr(model, name)))
+    data = RecordFile(path)
+    predict = tf.function(local.predict_logits)
+    labels, scores = [], []
+    n = data.num_records
+    for start in range(0, n, batch):
+        b = data.read(start, min(batch, n - start))
+        logits = predict({"label": tf.constant(b.label), "dense": tf.constant(b.dense),
+                          "sparse": tf.constant(b.sparse)})
+        labels.append(b.label)
+        scores.append(1 / (1 + np.exp(-logits.numpy())))
+    y, p = np.concatenate(labels), np.concatenate(scores)
+    return {"eval_records": int(len(y)), "auc": auc(y, p), "logloss": logloss(y, p)}
 
 
 def _leave(code: int, message: str = "") -> None:

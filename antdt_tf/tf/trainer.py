@@ -57,12 +57,19 @@ class ShardTrainer:
         the coordinator reports and fetches).
       checkpoint_every_shards / on_checkpoint: every that many DONE shards, drain the
         closures in flight and call ``on_checkpoint()`` at that shard boundary.
+      on_progress / progress_seconds: ``on_progress(shards_per_worker, records_per_worker)``
+        from the scheduling thread about every ``progress_seconds`` (numbers measured on the
+        workers, read from the PS).
+
+    ``counters`` (trackable) holds the per-worker numbers; checkpoint it with the model so
+    a relaunched coordinator continues counting.
     """
 
     def __init__(self, strategy, coordinator, client: ShardingClient, dataset: str, step_fn,
                  batch_size: int, num_workers: int, path: str = "",
                  in_flight_per_worker: int = 2, task: Task = Task("chief", 0),
-                 checkpoint_every_shards: int = 0, on_checkpoint=None):
+                 checkpoint_every_shards: int = 0, on_checkpoint=None, on_progress=None,
+                 progress_seconds: float = 1.0):
         self.strategy = strategy
         self.coordinator = coordinator
         self.client = client
@@ -74,6 +81,8 @@ class ShardTrainer:
         self._step_fn = step_fn
         self.checkpoint_every_shards = checkpoint_every_shards
         self.on_checkpoint = on_checkpoint
+        self.on_progress = on_progress
+        self.progress_seconds = progress_seconds
         with strategy.scope():
             # Per scheduling slot: the lease it runs and how many of its records were
             # applied. On the PS, so a closure re-run on another worker can resume.
@@ -86,7 +95,13 @@ class ShardTrainer:
                                               trainable=False, name="antdt_worker_shards")
             self._worker_records = tf.Variable(tf.zeros([num_workers], tf.int64),
                                                trainable=False, name="antdt_worker_records")
+        self.counters = tf.train.Checkpoint(worker_shards=self._worker_shards,
+                                            worker_records=self._worker_records)
         self._train_shard = tf.function(self._train_shard_fn)
+
+    def worker_counts(self) -> tuple[list[int], list[int]]:
+        """(shards, records) trained by each worker so far."""
+        return self._worker_shards.numpy().tolist(), self._worker_records.numpy().tolist()
 
     def _train_shard_fn(self, path, file_start, global_start, length, slot, lease_id):
         def replica_fn(path, file_start, global_start, length, slot, lease_id):
@@ -163,8 +178,13 @@ class ShardTrainer:
                 for _ in range(self.window):
                     slots.release()
 
+        last_progress = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(self.window, "antdt-settle") as pool:
             while not errors:
+                if (self.on_progress is not None and
+                        time.monotonic() - last_progress >= self.progress_seconds):
+                    self.on_progress(*self.worker_counts())
+                    last_progress = time.monotonic()
                 if (self.on_checkpoint is not None and self.checkpoint_every_shards and
                         done["shards"] - last_checkpoint >= self.checkpoint_every_shards):
                     at_shard_boundary()
@@ -189,6 +209,8 @@ class ShardTrainer:
         self.coordinator.join()
         if errors:
             raise errors[0]
+        shards, records = self.worker_counts()
+        if self.on_progress is not None:
+            self.on_progress(shards, records)
         return TrainResult(done["shards"], done["records"], time.monotonic() - t0,
-                           self._worker_shards.numpy().tolist(),
-                           self._worker_records.numpy().tolist())
+                           shards, records)

@@ -1,0 +1,177 @@
+"""antdt-agent: the per-host daemon that owns a job's TensorFlow task processes.
+
+Usage::
+
+    antdt-agent --host_name=host0 --port=0 --port_file=/tmp/agent0.port \\
+        --master=127.0.0.1:7470 --task_log_dir=/tmp/job/host0
+
+Serves ``antdt.v1.Agent`` (StartTask / StopTask / ThrottleTask / ListTasks) and the
+gRPC health service, and reports the liveness of its tasks to the master's
+``antdt.v1.ClusterMonitor`` every ``--report_seconds`` and at once when a task exits.
+Every process change of a job goes through an agent: the launcher (and later the
+controller) asks, the agent acts. Binds 127.0.0.1 unless ``--bind`` says otherwise;
+the service has no authentication, so expose it only on a trusted network.
+
+SIGTERM/SIGINT stop every task the agent started (SIGTERM, then SIGKILL) and exit.
+If the agent itself dies, its tasks die with it (PR_SET_PDEATHSIG): no orphans.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import signal
+import threading
+
+import grpc
+from absl import app, flags
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from antdt_tf.agent.supervisor import TaskSupervisor
+from antdt_tf.errors import AntdtError
+from antdt_tf.proto import cluster_pb2 as cpb
+from antdt_tf.sharding.service import ERROR_METADATA_KEY, SERVER_OPTIONS, status_of
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("host_name", "localhost", "Name of the host this agent represents.")
+flags.DEFINE_integer("port", 0, "Port to serve on; 0 picks a free port (see --port_file).")
+flags.DEFINE_string("bind", "127.0.0.1", "Address to bind. Default loopback only.")
+flags.DEFINE_string("port_file", "", "Write the bound port here once serving.")
+flags.DEFINE_string("master", "", "host:port of antdt-master to report liveness to "
+                    "(empty: no reports).")
+flags.DEFINE_string("task_log_dir", "", "Where task logs go (default: a temp dir).")
+flags.DEFINE_float("report_seconds", 1.0, "Liveness report interval.")
+
+log = logging.getLogger("antdt.agent")
+SERVICE_NAME = "antdt.v1.Agent"
+
+
+class AgentServicer:
+    """antdt.v1.Agent over a TaskSupervisor (sync gRPC: calls may block, e.g. StopTask)."""
+
+    def __init__(self, supervisor: TaskSupervisor):
+        self.supervisor = supervisor
+
+    def StartTask(self, req):
+        return self.supervisor.start(req)
+
+    def StopTask(self, req):
+        return self.supervisor.stop(req)
+
+    def ThrottleTask(self, req):
+        return self.supervisor.throttle(req)
+
+    def ListTasks(self, req):
+        return cpb.ListTasksResponse(host=FLAGS.host_name if FLAGS.is_parsed() else "",
+                                     tasks=self.supervisor.list())
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        from google.protobuf import message_factory
+        from google.protobuf.message import DecodeError
+
+        def wrap(fn, request_cls):
+            def handle(raw: bytes, context: grpc.ServicerContext):
+                request = request_cls()
+                try:
+                    request.ParseFromString(raw)
+                except DecodeError as e:
+                    context.set_trailing_metadata(((ERROR_METADATA_KEY, "InvalidRequest"),))
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {e}")
+                try:
+                    return fn(request)
+                except AntdtError as e:
+                    context.set_trailing_metadata(((ERROR_METADATA_KEY, type(e).__name__),))
+                    context.abort(status_of(e), str(e))
+            return handle
+
+        service = cpb.DESCRIPTOR.services_by_name["Agent"]
+        handlers = {
+            m.name: grpc.unary_unary_rpc_method_handler(
+                wrap(getattr(self, m.name), message_factory.GetMessageClass(m.input_type)),
+                response_serializer=lambda msg: msg.SerializeToString())
+            for m in service.methods}
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+
+
+class _Reporter:
+    """Sends the agent's task list to the master periodically and on every exit."""
+
+    def __init__(self, master: str, host: str, address: str, supervisor_ref, interval: float):
+        from antdt_tf.monitor.client import MonitorClient
+
+        self.client = MonitorClient(master)
+        self.host, self.address = host, address
+        self.supervisor_ref = supervisor_ref
+        self.interval = interval
+        self.wake = threading.Event()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="agent-report", daemon=True)
+
+    def _run(self):
+        while not self.stopped.is_set():
+            self.wake.wait(self.interval)
+            self.wake.clear()
+            try:
+                self.client.report_agent(self.host, self.address, self.supervisor_ref().list())
+            except AntdtError as e:   # master down or restarting: report again next time
+                log.debug("liveness report not delivered: %s", e)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not 0 <= FLAGS.port <= 65535:
+        raise app.UsageError(f"--port must be in [0, 65535], got {FLAGS.port}")
+    if FLAGS.report_seconds <= 0:
+        raise app.UsageError("--report_seconds must be > 0")
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s %(levelname)s agent[{FLAGS.host_name}]: %(message)s")
+    import tempfile
+    log_dir = FLAGS.task_log_dir or tempfile.mkdtemp(prefix=f"antdt-agent-{FLAGS.host_name}-")
+    reporter = None
+    supervisor = TaskSupervisor(log_dir, on_change=lambda s: reporter and reporter.wake.set())
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(8), options=SERVER_OPTIONS)
+    server.add_generic_rpc_handlers((AgentServicer(supervisor).generic_handler(),))
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    host = f"[{FLAGS.bind}]" if ":" in FLAGS.bind else FLAGS.bind
+    port = server.add_insecure_port(f"{host}:{FLAGS.port}")
+    if not port:
+        print(f"antdt-agent: error: cannot bind {host}:{FLAGS.port}", flush=True)
+        return 2
+    server.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    address = f"{host}:{port}"
+    if FLAGS.master:
+        reporter = _Reporter(FLAGS.master, FLAGS.host_name, address, lambda: supervisor,
+                             FLAGS.report_seconds)
+        reporter.thread.start()
+    if FLAGS.port_file:
+        tmp = f"{FLAGS.port_file}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(f"{port}\n")
+        os.replace(tmp, FLAGS.port_file)
+    log.info("serving antdt.v1.Agent on %s (pid %d), task logs in %s", address, os.getpid(),
+             log_dir)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    log.info("stopping: ending every task this agent started")
+    health_servicer.enter_graceful_shutdown()
+    supervisor.close()
+    if reporter is not None:
+        reporter.stopped.set()
+        reporter.wake.set()
+    server.stop(2).wait()
+    return 0
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,85 @@
+"""Fault and straggler injections, as the launcher's ``--inject`` flag spells them.
+
+::
+
+    kill:worker:1@30s           SIGKILL worker 1, 30 s after training started
+    kill:ps:0@60s               SIGKILL ps 0
+    kill:coordinator@45s        SIGKILL the coordinator (chief)
+    kill:master@20s             SIGKILL the master
+    slow:worker:2:x4@10s        worker 2 gets 1/4 of its CPU time from 10 s on
+    slow:ps:0:x3@10s-70s        ps 0 at 1/3 speed from 10 s to 70 s
+
+Times are seconds after training started (the master leased the first shard), so
+they do not depend on how long the processes took to start. Every injection is carried out
+by the agent that owns the task: a kill is a real SIGKILL of its process group, a
+slowdown is SIGSTOP/SIGCONT duty cycling (:class:`~antdt_tf.agent.throttle.CpuThrottle`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Optional
+
+from antdt_tf.errors import InvalidRequest
+
+_TASK = r"(?P<job>worker|ps|coordinator|chief|master)(?::(?P<index>\d+))?"
+_TIME = r"(?P<at>\d+(?:\.\d+)?)s?(?:-(?P<until>\d+(?:\.\d+)?)s?)?"
+_KILL = re.compile(rf"^kill:{_TASK}@{_TIME}$")
+_SLOW = re.compile(rf"^slow:{_TASK}:x(?P<factor>\d+(?:\.\d+)?)@{_TIME}$")
+_INDEXED = ("worker", "ps")
+
+
+@dataclasses.dataclass(frozen=True)
+class Injection:
+    kind: str                 # "kill" or "slow"
+    job: str                  # "worker", "ps", "chief" or "master"
+    index: int
+    at: float                 # seconds after training started (first shard leased)
+    until: Optional[float] = None   # slow only: back to full speed then (None: never)
+    factor: float = 1.0             # slow only
+
+    @property
+    def task(self) -> str:
+        return f"{self.job}:{self.index}"
+
+    def __str__(self):
+        if self.kind == "kill":
+            return f"kill {self.task} at {self.at:g}s"
+        span = f"{self.at:g}s-{self.until:g}s" if self.until is not None else f"{self.at:g}s on"
+        return f"slow {self.task} x{self.factor:g} {span}"
+
+
+def parse_injection(text: str, num_ps: int, num_workers: int) -> Injection:
+    """Parses one ``--inject`` value; raises InvalidRequest saying what is wrong."""
+    text = text.strip()
+    m = _KILL.match(text) or _SLOW.match(text)
+    if m is None:
+        raise InvalidRequest(
+            f"--inject={text!r}: expected kill:<task>@<T>s or slow:<task>:x<F>@<T>s[-<T2>s], "
+            "task = worker:<i> | ps:<i> | coordinator | master (e.g. kill:worker:1@30s, "
+            "slow:worker:2:x4@10s-70s)")
+    job = "chief" if m["job"] in ("coordinator", "chief") else m["job"]
+    if job in _INDEXED and m["index"] is None:
+        raise InvalidRequest(f"--inject={text!r}: {job} needs an index, e.g. {job}:0")
+    if job not in _INDEXED and m["index"] not in (None, "0"):
+        raise InvalidRequest(f"--inject={text!r}: there is only one {m['job']}")
+    index = int(m["index"] or 0)
+    count = {"worker": num_workers, "ps": num_ps}.get(job, 1)
+    if index >= count:
+        raise InvalidRequest(f"--inject={text!r}: {job}:{index} does not exist "
+                             f"(the job has {count} {job} task(s))")
+    at = float(m["at"])
+    until = float(m["until"]) if m["until"] is not None else None
+    kind = "kill" if text.startswith("kill:") else "slow"
+    if kind == "kill" and until is not None:
+        raise InvalidRequest(f"--inject={text!r}: a kill happens at one time, not a range")
+    if until is not None and until <= at:
+        raise InvalidRequest(f"--inject={text!r}: the end {until:g}s is not after {at:g}s")
+    factor = float(m["factor"]) if kind == "slow" else 1.0
+    if kind == "slow" and factor < 1:
+        raise InvalidRequest(f"--inject={text!r}: the slowdown factor must be >= 1")
+    if kind == "slow" and job == "master":
+        raise InvalidRequest(f"--inject={text!r}: slowing the master is not supported "
+                             "(it is not a training task)")
+    return Injection(kind, job, index, at, until, factor)

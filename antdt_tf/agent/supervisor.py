@@ -1,0 +1,230 @@
+"""TaskSupervisor: the processes one agent owns, and what happened to them.
+
+Pure process management (no gRPC, no TensorFlow): start a known program for a task,
+stop or kill it by its process group, throttle it, and describe every task as a
+``TaskStatus``. Each task runs in its own session (process group), so a kill reaches
+exactly the processes this agent started and nothing else on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+import psutil
+
+from antdt_tf.agent.throttle import CpuThrottle
+from antdt_tf.errors import InvalidRequest, TaskAlreadyRunning, UnknownTask
+from antdt_tf.procutil import die_with_parent
+from antdt_tf.proto import cluster_pb2 as cpb
+
+# The only programs an agent runs: it never executes arbitrary commands for a caller.
+PROGRAMS = {
+    "antdt-tf-server": "antdt_tf.tf.server",
+    "antdt-coordinator": "antdt_tf.tf.coordinator",
+    "antdt-master": "antdt_tf.master",
+}
+JOBS = ("ps", "worker", "chief", "master")
+
+
+@dataclasses.dataclass
+class _Task:
+    ref: tuple[str, int]
+    proc: subprocess.Popen
+    log_path: str
+    starts: int
+    started: float
+    stopped_on_request: bool = False
+    ended: float = 0.0
+    throttle: Optional[CpuThrottle] = None
+    throttle_timer: Optional[threading.Timer] = None
+    cpu_seconds: float = 0.0
+    rss_bytes: int = 0
+    cpu_share: float = 0.0
+    sampled: float = 0.0
+
+
+class TaskSupervisor:
+    """Thread-safe. ``on_change(status)`` is called (from the polling thread) whenever a
+    task exits, so exits are reported at once, not at the next periodic report."""
+
+    def __init__(self, log_dir: str | os.PathLike, on_change=None, poll_seconds: float = 0.1):
+        self.log_dir = pathlib.Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._tasks: dict[tuple[str, int], _Task] = {}
+        self._lock = threading.Lock()
+        self._on_change = on_change
+        self._closed = threading.Event()
+        self._poller = threading.Thread(target=self._poll, args=(poll_seconds,),
+                                        name="agent-poll", daemon=True)
+        self._poller.start()
+
+    # ------------------------------------------------------------------ requests
+
+    @staticmethod
+    def _key(ref: cpb.TaskRef) -> tuple[str, int]:
+        if ref.job not in JOBS:
+            raise InvalidRequest(f"unknown job {ref.job!r}; expected one of {JOBS}")
+        if ref.index < 0:
+            raise InvalidRequest(f"task index must be >= 0, got {ref.index}")
+        return ref.job, ref.index
+
+    def _get(self, ref: cpb.TaskRef) -> _Task:
+        key = self._key(ref)
+        task = self._tasks.get(key)
+        if task is None:
+            raise UnknownTask(f"this agent never started {key[0]}:{key[1]}")
+        return task
+
+    def start(self, req: cpb.StartTaskRequest) -> cpb.TaskStatus:
+        key = self._key(req.task)
+        module = PROGRAMS.get(req.program)
+        if module is None:
+            raise InvalidRequest(f"unknown program {req.program!r}; an agent runs only "
+                                 f"{sorted(PROGRAMS)}")
+        if any("\0" in a for a in req.args):
+            raise InvalidRequest("arguments must not contain NUL bytes")
+        with self._lock:
+            old = self._tasks.get(key)
+            if old is not None and old.proc.poll() is None:
+                raise TaskAlreadyRunning(f"{key[0]}:{key[1]} is running (pid {old.proc.pid}); "
+                                         "stop it before starting it again")
+            log_path = self.log_dir / f"{key[0]}{key[1]}.log"
+            env = dict(os.environ, **dict(req.env))
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            with open(log_path, "ab") as log:
+                log.write(f"\n=== start {time.strftime('%H:%M:%S')} {req.program} "
+                          f"{' '.join(req.args)}\n".encode())
+                log.flush()
+                proc = subprocess.Popen([sys.executable, "-m", module, *req.args], env=env,
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        start_new_session=True, preexec_fn=die_with_parent)
+            task = _Task(key, proc, str(log_path), (old.starts if old else 0) + 1, time.time())
+            self._tasks[key] = task
+            return self._status(task)
+
+    def stop(self, req: cpb.StopTaskRequest) -> cpb.TaskStatus:
+        with self._lock:
+            task = self._get(req.task)
+            task.stopped_on_request = task.proc.poll() is None
+        self._end_throttle(task)
+        if task.proc.poll() is None:
+            if req.kill:
+                self._killpg(task, signal.SIGKILL)
+            else:
+                self._killpg(task, signal.SIGTERM)
+                try:
+                    task.proc.wait(req.grace_seconds or 10.0)
+                except subprocess.TimeoutExpired:
+                    self._killpg(task, signal.SIGKILL)
+            task.proc.wait()
+            task.ended = task.ended or time.time()
+        with self._lock:
+            return self._status(task)
+
+    def throttle(self, req: cpb.ThrottleTaskRequest) -> cpb.TaskStatus:
+        if not req.slowdown >= 1.0:   # also rejects NaN
+            raise InvalidRequest(f"slowdown must be >= 1, got {req.slowdown}")
+        if not req.duration_seconds >= 0:
+            raise InvalidRequest(f"duration_seconds must be >= 0, got {req.duration_seconds}")
+        with self._lock:
+            task = self._get(req.task)
+            if task.proc.poll() is not None:
+                raise InvalidRequest(f"{task.ref[0]}:{task.ref[1]} is not running")
+        self._end_throttle(task)
+        if req.slowdown > 1.0:
+            task.throttle = CpuThrottle(task.proc.pid, req.slowdown).start()
+            if req.duration_seconds > 0:
+                task.throttle_timer = threading.Timer(req.duration_seconds,
+                                                      self._end_throttle, args=(task,))
+                task.throttle_timer.daemon = True
+                task.throttle_timer.start()
+        with self._lock:
+            return self._status(task)
+
+    def list(self) -> list[cpb.TaskStatus]:
+        with self._lock:
+            return [self._status(t) for _, t in sorted(self._tasks.items())]
+
+    def close(self) -> None:
+        """Stops every task (SIGTERM, then SIGKILL after 5 s)."""
+        self._closed.set()
+        for task in list(self._tasks.values()):
+            if task.proc.poll() is None:
+                self.stop(cpb.StopTaskRequest(task=cpb.TaskRef(job=task.ref[0],
+                                                               index=task.ref[1]),
+                                              grace_seconds=5.0))
+
+    # ------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _killpg(task: _Task, sig: int) -> None:
+        try:
+            os.killpg(task.proc.pid, sig)   # the task's own session: only what we started
+        except ProcessLookupError:
+            pass
+
+    @staticmethod
+    def _end_throttle(task: _Task) -> None:
+        if task.throttle_timer is not None:
+            task.throttle_timer.cancel()
+            task.throttle_timer = None
+        if task.throttle is not None:
+            task.throttle.stop()
+            task.throttle = None
+
+    def _status(self, task: _Task) -> cpb.TaskStatus:
+        code = task.proc.poll()
+        if code is None:
+            state = cpb.TaskStatus.RUNNING
+        elif task.stopped_on_request:
+            state = cpb.TaskStatus.STOPPED
+        else:
+            state = cpb.TaskStatus.EXITED
+        return cpb.TaskStatus(
+            task=cpb.TaskRef(job=task.ref[0], index=task.ref[1]), state=state,
+            pid=task.proc.pid, exit_code=code or 0, starts=task.starts,
+            cpu_seconds=task.cpu_seconds, rss_bytes=task.rss_bytes,
+            slowdown=task.throttle.factor if task.throttle else 1.0,
+            started_unix=task.started, ended_unix=task.ended, log_path=task.log_path,
+            cpu_share=task.cpu_share)
+
+    def _sample(self, task: _Task, now: float) -> None:
+        try:
+            p = psutil.Process(task.proc.pid)
+            t = p.cpu_times()
+            cpu = t.user + t.system + t.children_user + t.children_system
+            task.rss_bytes = p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            return
+        if task.sampled and now > task.sampled:
+            task.cpu_share = max(0.0, (cpu - task.cpu_seconds) / (now - task.sampled))
+        task.cpu_seconds, task.sampled = cpu, now
+
+    def _poll(self, poll_seconds: float) -> None:
+        last_sample = 0.0
+        while not self._closed.wait(poll_seconds):
+            changed = []
+            now = time.time()
+            sample = now - last_sample >= 1.0
+            with self._lock:
+                for task in self._tasks.values():
+                    running = task.proc.poll() is None
+                    if not running and not task.ended:
+                        task.ended = now
+                        self._end_throttle(task)
+                        changed.append(self._status(task))
+                    elif running and sample:
+                        self._sample(task, now)
+            if sample:
+                last_sample = now
+            for status in changed:
+                if self._on_change is not None:
+                    self._on_change(status)

@@ -1,0 +1,30 @@
+"""Evaluation metrics computed on the host (numpy), e.g. the job's final AUC."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve (Mann–Whitney U; tied scores share their mean rank).
+    NaN when only one class is present."""
+    labels = np.asarray(labels).reshape(-1) > 0.5
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    pos, neg = int(labels.sum()), int((~labels).sum())
+    if pos == 0 or neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="stable")
+    sorted_scores = scores[order]
+    ranks = np.empty(len(scores))
+    ranks[order] = np.arange(1, len(scores) + 1)
+    # average ranks over runs of equal scores
+    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
+    for start, n in zip(first[counts > 1], counts[counts > 1]):
+        ranks[order[start:start + n]] = start + (n + 1) / 2
+    return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def logloss(labels: np.ndarray, probabilities: np.ndarray) -> float:
+    p = np.clip(np.asarray(probabilities, dtype=np.float64), 1e-7, 1 - 1e-7)
+    y = np.asarray(labels, dtype=np.float64)
+    return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())

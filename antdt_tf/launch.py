@@ -1,0 +1,572 @@
+"""antdt-launch: run a whole antdt-tf training job on this machine, with real processes.
+
+Usage::
+
+    antdt-launch --num_ps=2 --num_workers=3 --generate_records=200000 --audit \\
+        --inject=slow:worker:2:x3@5s-40s --inject=kill:worker:1@30s --report_json=r.json
+
+It starts one ``antdt-agent`` per simulated host and, through those agents, the master
+(``antdt-master`` with a state dir), the PS and worker ``tf.distribute.Server`` tasks and
+the coordinator (``antdt-coordinator``). Every process change — start, kill, relaunch,
+slowdown — is a request to the agent that owns the task. While the job runs it shows a
+progress line (records, shards, records/s, ETA, each worker's share) and supervises:
+
+- a worker that died is restarted on its address; TensorFlow re-joins it and re-runs its
+  closure (the slot progress on the PS resumes the shard after its applied batches);
+- a PS that died is restarted; the coordinator, which cannot continue without it, exits
+  75 and is relaunched, restoring model and sharding state from the last shard-boundary
+  checkpoint;
+- a coordinator that died is relaunched (same restore);
+- a master that died is restarted on its state dir.
+
+At the end it prints a summary table and writes a JSON report (``--report_json``): JCT,
+records/s, shards and records per worker, failures and recoveries, AUC, audit counts.
+Exit code 0 when the job finished (and, with ``--audit``, every record was applied the
+expected number of times up to one batch per injected failure), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional
+
+from absl import app, flags
+
+from antdt_tf.agent.inject import Injection, parse_injection
+from antdt_tf.errors import AntdtError, InvalidRequest
+from antdt_tf.procutil import die_with_parent
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("num_ps", 2, "Parameter server tasks.")
+flags.DEFINE_integer("num_workers", 3, "Worker tasks.")
+flags.DEFINE_integer("num_hosts", 0, "Simulated hosts (one agent each); tasks are placed "
+                     "round-robin. 0: one host per worker.")
+flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
+flags.DEFINE_string("data", "", "Training records (.adtr, see antdt-data). Empty: generate "
+                    "--generate_records synthetic Criteo-format records into the workdir.")
+flags.DEFINE_string("eval_data", "", "Held-out records for the final AUC (with --data).")
+flags.DEFINE_integer("generate_records", 200_000, "Records to generate when --data is empty.")
+flags.DEFINE_integer("eval_records", 20_000, "Held-out records to generate for the AUC.")
+flags.DEFINE_integer("data_seed", 1, "Seed of the generated data.")
+flags.DEFINE_integer("epochs", 1, "Epochs over the data.")
+flags.DEFINE_integer("batch_size", 256, "Records per training step.")
+flags.DEFINE_integer("records_per_shard", 2048, "Records per shard.")
+flags.DEFINE_boolean("shuffle", True, "Shuffle the shard order of every epoch.")
+flags.DEFINE_integer("buckets", 1 << 16, "Hash buckets of each embedding table.")
+flags.DEFINE_float("learning_rate", 0.2, "SGD learning rate.")
+flags.DEFINE_string("checkpoint_dir", "", "Shard-boundary checkpoints (default: "
+                    "<workdir>/checkpoints).")
+flags.DEFINE_integer("checkpoint_every_shards", 16, "Checkpoint after this many DONE shards.")
+flags.DEFINE_string("report_json", "", "Write the job report here.")
+flags.DEFINE_boolean("audit", False, "Count per record how often it was applied; the report "
+                     "gives the records applied 0, 1 and 2+ times.")
+flags.DEFINE_multi_string("inject", [], "Fault/straggler injection, repeatable: "
+                          "kill:worker:1@30s, kill:ps:0@60s, kill:coordinator@45s, "
+                          "kill:master@20s, slow:worker:2:x4@10s[-70s], slow:ps:0:x3@5s.")
+flags.DEFINE_string("workdir", "", "Job directory (data, state, logs). Default: a new temp dir.")
+flags.DEFINE_float("timeout_seconds", 1800, "Give up (exit 1) after this long.")
+flags.DEFINE_integer("max_restarts", 5, "Restarts allowed per task before the job fails.")
+flags.DEFINE_boolean("progress", True, "Show the live progress line.")
+
+log = logging.getLogger("antdt.launch")
+EXIT_CLUSTER_UNAVAILABLE = 75   # the coordinator's "relaunch me" (see antdt_tf.tf.coordinator)
+
+
+@dataclasses.dataclass
+class JobConfig:
+    num_ps: int
+    num_workers: int
+    num_hosts: int
+    data: str
+    eval_data: str
+    epochs: int
+    batch_size: int
+    records_per_shard: int
+    shuffle: bool
+    buckets: int
+    checkpoint_dir: str
+    learning_rate: float
+    checkpoint_every_shards: int
+    audit: bool
+    workdir: pathlib.Path
+    injections: tuple[Injection, ...] = ()
+    timeout_seconds: float = 1800
+    max_restarts: int = 5
+    progress: bool = True
+    data_seed: int = 1
+
+
+def place(num_ps: int, num_workers: int, num_hosts: int) -> dict[tuple[str, int], int]:
+    """Host index of every task: master and coordinator on host 0, PS and workers
+    round-robin (PS first, so PS land on different hosts when there are enough)."""
+    where = {("master", 0): 0, ("chief", 0): 0}
+    tasks = [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(num_workers)]
+    for n, task in enumerate(tasks):
+        where[task] = n % num_hosts
+    return where
+
+
+def generate_data(workdir: pathlib.Path, train: int, held_out: int, seed: int):
+    """Writes ``train`` + ``held_out`` records of one synthetic dataset (one hidden model)
+    as two record files. Returns their paths."""
+    from antdt_tf.data import criteo, records
+
+    data_dir = workdir / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    spec = criteo.SyntheticSpec(train + held_out, seed=seed)
+
+    def part(lo: int, hi: int):
+        first = 0
+        for b in criteo.generate(spec):
+            a, z = max(lo - first, 0), min(hi - first, len(b))
+            if a < z:
+                yield criteo.Batch(b.label[a:z], b.dense[a:z], b.sparse[a:z])
+            first += len(b)
+
+    paths = data_dir / "train.adtr", data_dir / "eval.adtr"
+    records.write_records(paths[0], part(0, train))
+    if held_out:
+        records.write_records(paths[1], part(train, train + held_out))
+    return str(paths[0]), str(paths[1]) if held_out else ""
+
+
+class LocalJob:
+    """One job: agents, master, PS, workers, coordinator, and the supervision loop."""
+
+    def __init__(self, cfg: JobConfig):
+        from antdt_tf.data.records import RecordFile
+        from antdt_tf.tf.local_cluster import free_ports
+
+        self.cfg = cfg
+        self.num_records = RecordFile(cfg.data).num_records
+        ports = free_ports(2 + cfg.num_ps + cfg.num_workers)
+        self.master_address = f"127.0.0.1:{ports[0]}"
+        self.spec = {"chief": [f"127.0.0.1:{ports[1]}"],
+                     "ps": [f"127.0.0.1:{p}" for p in ports[2:2 + cfg.num_ps]],
+                     "worker": [f"127.0.0.1:{p}" for p in ports[2 + cfg.num_ps:]]}
+        self.placement = place(cfg.num_ps, cfg.num_workers, cfg.num_hosts)
+        self.agents: list = []            # AgentClient per host
+        self.agent_procs: list[subprocess.Popen] = []
+        self.events: list[dict] = []
+        self.t0 = time.monotonic()        # coordinator first started
+        self.train_t0: Optional[float] = None   # first shard leased: the injection clock
+        self.startup_seconds = 0.0
+        self.restarts: dict[tuple[str, int], int] = {}
+        self.pending_faults: list[dict] = []  # failures waiting for training to resume
+        self.coordinator_report_path = cfg.workdir / "coordinator_report.json"
+        self._progress: Optional[_ProgressLine] = None
+
+    # ------------------------------------------------------------------ processes
+
+    def _event(self, what: str, **extra) -> dict:
+        ev = {"t": round(time.monotonic() - self.t0, 2), "event": what, **extra}
+        self.events.append(ev)
+        line = f"[{ev['t']:6.1f}s] {what}"
+        if self._progress is not None:
+            self._progress.write(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+        return ev
+
+    def _start_agents(self) -> None:
+        from antdt_tf.agent.client import AgentClient
+
+        for h in range(self.cfg.num_hosts):
+            port_file = self.cfg.workdir / f"agent{h}.port"
+            port_file.unlink(missing_ok=True)
+            host_dir = self.cfg.workdir / f"host{h}"
+            host_dir.mkdir(parents=True, exist_ok=True)
+            with open(host_dir / "agent.log", "ab") as out:
+                self.agent_procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=host{h}",
+                     "--port=0", f"--port_file={port_file}", f"--master={self.master_address}",
+                     f"--task_log_dir={host_dir}"], stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                    start_new_session=True, preexec_fn=die_with_parent))
+        deadline = time.monotonic() + 60
+        for h, proc in enumerate(self.agent_procs):
+            port_file = self.cfg.workdir / f"agent{h}.port"
+            while not port_file.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"agent host{h} did not start; see "
+                                       f"{self.cfg.workdir / f'host{h}' / 'agent.log'}")
+                time.sleep(0.05)
+            self.agents.append(AgentClient(f"127.0.0.1:{port_file.read_text().strip()}"))
+
+    def agent_of(self, job: str, index: int):
+        return self.agents[self.placement[job, index]]
+
+    def _task_args(self, job: str, index: int) -> tuple[str, list[str]]:
+        cfg = self.cfg
+        if job == "master":
+            return "antdt-master", [f"--port={self.master_address.rsplit(':', 1)[1]}",
+                                    f"--state_dir={cfg.workdir / 'master'}"]
+        cluster = json.dumps(self.spec)
+        if job in ("ps", "worker"):
+            return "antdt-tf-server", [f"--cluster={cluster}", f"--job={job}", f"--index={index}"]
+        args = [f"--cluster={cluster}", f"--master={self.master_address}", "--dataset=train",
+                f"--batch_size={cfg.batch_size}", f"--buckets={cfg.buckets}",
+                f"--learning_rate={cfg.learning_rate}",
+                f"--report_json={self.coordinator_report_path}",
+                f"--checkpoint_dir={cfg.checkpoint_dir}",
+                f"--checkpoint_every_shards={cfg.checkpoint_every_shards}"]
+        if cfg.eval_data:
+            args.append(f"--eval_data={cfg.eval_data}")
+        if cfg.audit:
+            args.append("--audit")
+        return "antdt-coordinator", args
+
+    def start_task(self, job: str, index: int) -> None:
+        program, args = self._task_args(job, index)
+        self.agent_of(job, index).start(job, index, program, args)
+
+    def _register_dataset(self) -> None:
+        from antdt_tf.sharding.client import ShardingClient
+        from antdt_tf.sharding.plan import DataFile, DatasetSpec
+
+        with ShardingClient(self.master_address, timeout=60) as admin:
+            admin.register_dataset(DatasetSpec(
+                "train", records_per_shard=self.cfg.records_per_shard,
+                num_epochs=self.cfg.epochs, shuffle=self.cfg.shuffle, seed=self.cfg.data_seed,
+                files=(DataFile(self.cfg.data, self.num_records),)))
+
+    # ------------------------------------------------------------------ the job
+
+    def run(self) -> dict:
+        from antdt_tf.monitor.client import MonitorClient
+        from antdt_tf.sharding.client import ShardingClient
+
+        cfg = self.cfg
+        try:
+            self._start_agents()
+            self.start_task("master", 0)
+            self._register_dataset()
+            for job in ("ps", "worker"):
+                for i in range(len(self.spec[job])):
+                    self.start_task(job, i)
+            self.t0 = time.monotonic()
+            self.start_task("chief", 0)
+            self._event("coordinator started")
+            with ShardingClient(self.master_address, timeout=10) as admin, \
+                    MonitorClient(self.master_address) as monitor:
+                self._supervise(admin, monitor)
+            return self._report()
+        finally:
+            self.shutdown()
+
+    def _supervise(self, admin, monitor) -> None:
+        cfg = self.cfg
+        pending = sorted(cfg.injections, key=lambda j: j.at)
+        ended_slowdowns: list[Injection] = []
+        progress = self._progress = _ProgressLine(self, admin, monitor, enabled=cfg.progress)
+        deadline = time.monotonic() + cfg.timeout_seconds
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the job did not finish within {cfg.timeout_seconds:g}s")
+                if self.train_t0 is None and progress.started:
+                    self.train_t0 = time.monotonic()
+                    self.startup_seconds = self.train_t0 - self.t0
+                    self._event("training started (first shard leased); injection clock starts")
+                now = time.monotonic() - (self.train_t0 or float("inf"))
+                while pending and pending[0].at <= now:
+                    self._inject(pending.pop(0))
+                for inj in [j for j in cfg.injections if j.kind == "slow" and j.until
+                            and j.until <= now and j not in ended_slowdowns]:
+                    ended_slowdowns.append(inj)
+                    self._event(f"slowdown of {inj.task} ended")
+                statuses = self._statuses()
+                chief = statuses.get(("chief", 0))
+                if chief is not None and chief.state != chief.RUNNING:
+                    if chief.exit_code == 0 and chief.state == chief.EXITED:
+                        progress.update(final=True)
+                        self._event("coordinator finished")
+                        return
+                for key, status in sorted(statuses.items()):
+                    if status.state != status.RUNNING:
+                        self._recover(key, status, statuses)
+                records = progress.update()
+                for fault in [f for f in self.pending_faults if records > f["records_before"]]:
+                    fault["resumed_after_s"] = round(time.monotonic() - self.t0 - fault["t"], 2)
+                    self.pending_faults.remove(fault)
+                time.sleep(0.25)
+        finally:
+            progress.close()
+            self._progress = None
+
+    def _statuses(self) -> dict:
+        out = {}
+        for agent in self.agents:
+            for s in agent.list().tasks:
+                out[s.task.job, s.task.index] = s
+        return out
+
+    def _inject(self, inj: Injection) -> None:
+        agent = self.agent_of(inj.job, inj.index)
+        if inj.kind == "kill":
+            st = agent.stop(inj.job, inj.index, kill=True)
+            self._event(f"injected: SIGKILL {inj.task} (pid {st.pid})", injected=str(inj))
+        else:
+            duration = (inj.until - inj.at) if inj.until else 0.0
+            agent.throttle(inj.job, inj.index, inj.factor, duration)
+            self._event(f"injected: {inj}", injected=str(inj))
+
+    def _recover(self, key, status, statuses) -> None:
+        job, index = key
+        name = "coordinator" if job == "chief" else f"{job}:{index}"
+        how = (f"exit {status.exit_code}" if status.exit_code >= 0
+               else f"signal {signal.Signals(-status.exit_code).name}")
+        if status.state == status.STOPPED:
+            how = "killed"
+        if job == "chief" and status.exit_code == EXIT_CLUSTER_UNAVAILABLE:
+            # wait until every PS and worker runs again, then relaunch (it restores)
+            if any(s.state != s.RUNNING for k, s in statuses.items() if k[0] in ("ps", "worker")):
+                return
+        n = self.restarts.get(key, 0) + 1
+        if n > self.cfg.max_restarts:
+            raise RuntimeError(f"{name} failed {n} times ({how}); giving up. Log: "
+                               f"{status.log_path}")
+        self.restarts[key] = n
+        ev = self._event(f"{name} {how}; restarting it (restart {n})", task=name,
+                         failure=how)
+        ev["records_before"] = self._records_done()
+        self.pending_faults.append(ev)
+        self.start_task(job, index)
+
+    def _records_done(self) -> int:
+        from antdt_tf.sharding.client import ShardingClient
+
+        try:
+            with ShardingClient(self.master_address, timeout=2) as c:
+                return c.progress("train").datasets[0].records_done_total
+        except AntdtError:
+            return 0
+
+    def _report(self) -> dict:
+        cfg = self.cfg
+        jct = time.monotonic() - (self.train_t0 or self.t0)
+        coord = json.loads(self.coordinator_report_path.read_text())
+        total = self.num_records * cfg.epochs
+        for ev in self.events:
+            ev.pop("records_before", None)
+        report = {
+            "jct_seconds": round(jct, 2),   # first shard leased -> coordinator done
+            "startup_seconds": round(self.startup_seconds, 2),
+            "records": total,
+            "records_per_second": round(total / jct, 1),
+            "num_ps": cfg.num_ps, "num_workers": cfg.num_workers, "num_hosts": cfg.num_hosts,
+            "epochs": cfg.epochs, "batch_size": cfg.batch_size,
+            "records_per_shard": cfg.records_per_shard,
+            "shards_per_worker": coord.get("shards_per_worker", []),
+            "records_per_worker": coord.get("records_per_worker", []),
+            "auc": coord.get("auc"), "logloss": coord.get("logloss"),
+            "injections": [str(j) for j in cfg.injections],
+            "failures": [ev for ev in self.events if "failure" in ev],
+            "events": self.events,
+            "restarts": {f"{j}:{i}": n for (j, i), n in self.restarts.items()},
+            "coordinator": coord,
+        }
+        if "audit" in coord:
+            audit = dict(coord["audit"])
+            faults = len([j for j in cfg.injections if j.kind == "kill"])
+            bound = faults * cfg.batch_size
+            off = audit.get("applied_other", 0)
+            audit["allowed_off_records"] = bound
+            audit["ok"] = off <= bound
+            report["audit"] = audit
+        return report
+
+    def shutdown(self) -> None:
+        """Stops every task through its agent, then the agents."""
+        for job in ("chief", "worker", "ps", "master"):
+            for (j, i) in [k for k in self.placement if k[0] == job]:
+                try:
+                    if self.agents:
+                        self.agent_of(j, i).stop(j, i, grace_seconds=5)
+                except (AntdtError, IndexError):
+                    pass
+        for proc in self.agent_procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.agent_procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for agent in self.agents:
+            agent.close()
+
+
+class _ProgressLine:
+    """Records done / total, shards, records/s, ETA and each worker's share: a tqdm bar
+    on a terminal, a plain line every ``plain_every`` seconds otherwise (logs, CI)."""
+
+    def __init__(self, job: LocalJob, admin, monitor, enabled: bool, plain_every: float = 5.0):
+        from tqdm import tqdm
+
+        self.job, self.admin, self.monitor = job, admin, monitor
+        self.total = job.num_records * job.cfg.epochs
+        self.tty = enabled and sys.stderr.isatty()
+        self.enabled = enabled
+        self.bar = tqdm(total=self.total, unit="rec", unit_scale=True, dynamic_ncols=True,
+                        disable=not self.tty, mininterval=0.5, file=sys.stderr,
+                        desc="training")
+        self.records = 0
+        self.last = 0.0
+        self.last_plain = 0.0
+        self.plain_every = plain_every
+        self.first_progress: Optional[tuple[float, int]] = None
+        self.started = False
+
+    def write(self, text: str) -> None:
+        if self.tty:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def update(self, final: bool = False) -> int:
+        if not final and time.monotonic() - self.last < 0.5:
+            return self.records
+        self.last = now = time.monotonic()
+        try:
+            p = self.admin.progress("train").datasets[0]
+            status = self.monitor.status()
+        except AntdtError:
+            return self.records    # master restarting: keep the last numbers
+        self.started = self.started or bool(p.doing_shards or p.done_shards or p.epoch
+                                            or p.finished)
+        total_shards = p.shards_per_epoch * p.num_epochs
+        shards = total_shards if p.finished else p.shards_per_epoch * p.epoch + p.done_shards
+        per_worker = [w.records for w in status.trainer.workers]
+        total = sum(per_worker) or 1
+        share = " ".join(f"w{i}:{r / total:.0%}" for i, r in enumerate(per_worker))
+        self.bar.set_postfix_str(f"shards {shards}/{total_shards} [{share}]", refresh=False)
+        self.bar.update(p.records_done_total - self.records)
+        self.records = p.records_done_total
+        if self.records and self.first_progress is None:
+            self.first_progress = (now, self.records)
+        if self.enabled and not self.tty and (final or now - self.last_plain >= self.plain_every):
+            self.last_plain = now
+            rate, eta = 0.0, "?"
+            if self.first_progress and now > self.first_progress[0]:
+                rate = (self.records - self.first_progress[1]) / (now - self.first_progress[0])
+                if rate > 0:
+                    eta = f"{(self.total - self.records) / rate:.0f}s"
+            print(f"[{now - self.job.t0:6.1f}s] {self.records:,}/{self.total:,} records "
+                  f"({self.records / self.total:.0%}), shards {shards}/{total_shards}, "
+                  f"{rate:,.0f} rec/s, ETA {eta}, per worker [{share}]",
+                  file=sys.stderr, flush=True)
+        return self.records
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def summary_table(report: dict) -> str:
+    rows = [("worker", "shards", "records", "share")]
+    total = sum(report["records_per_worker"]) or 1
+    for i, (s, r) in enumerate(zip(report["shards_per_worker"], report["records_per_worker"])):
+        rows.append((f"worker:{i}", str(s), str(r), f"{r / total:.1%}"))
+    width = [max(len(r[c]) for r in rows) for c in range(4)]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, width)) for row in rows]
+    lines.append("")
+    lines.append(f"JCT {report['jct_seconds']:.1f} s, {report['records_per_second']:,.0f} "
+                 f"records/s, {report['records']:,} records")
+    if report.get("auc") is not None:
+        lines.append(f"AUC {report['auc']:.4f}, logloss {report['logloss']:.4f} "
+                     f"(held-out, {report['coordinator'].get('eval_records', 0):,} records)")
+    for ev in report["failures"]:
+        resumed = ev.get("resumed_after_s")
+        lines.append(f"failure at {ev['t']:.1f}s: {ev['event']}"
+                     + (f" — training resumed {resumed:.1f}s later" if resumed is not None
+                        else ""))
+    if "audit" in report:
+        a = report["audit"]
+        lines.append(f"audit: applied exactly {a['expected_times']}x: {a['applied_expected']:,}, "
+                     f"0x: {a['applied_0']:,}, 1x: {a['applied_1']:,}, 2+x: "
+                     f"{a['applied_2plus']:,} (off: {a['applied_other']:,}, allowed "
+                     f"{a['allowed_off_records']:,}) -> {'OK' if a['ok'] else 'FAILED'}")
+    return "\n".join(lines)
+
+
+def config_from_flags() -> JobConfig:
+    if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
+        raise app.UsageError("--num_ps and --num_workers must be >= 1")
+    if not FLAGS.learning_rate > 0:
+        raise app.UsageError("--learning_rate must be > 0")
+    if FLAGS.num_hosts < 0:
+        raise app.UsageError("--num_hosts must be >= 0")
+    for name in ("epochs", "batch_size", "records_per_shard", "buckets"):
+        if getattr(FLAGS, name) < 1:
+            raise app.UsageError(f"--{name} must be >= 1")
+    try:
+        injections = tuple(parse_injection(t, FLAGS.num_ps, FLAGS.num_workers)
+                           for t in FLAGS.inject)
+    except InvalidRequest as e:
+        raise app.UsageError(str(e)) from e
+    workdir = pathlib.Path(FLAGS.workdir or tempfile.mkdtemp(prefix="antdt-job-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    data, eval_data = FLAGS.data, FLAGS.eval_data
+    if data:
+        from antdt_tf.data.records import RecordFile
+        try:
+            RecordFile(data)
+            if eval_data:
+                RecordFile(eval_data)
+        except (AntdtError, OSError) as e:
+            raise app.UsageError(f"cannot use the data: {e}") from e
+    else:
+        if FLAGS.generate_records < 1:
+            raise app.UsageError("--generate_records must be >= 1 (or pass --data)")
+        print(f"generating {FLAGS.generate_records:,} + {FLAGS.eval_records:,} synthetic "
+              f"records into {workdir / 'data'}", file=sys.stderr)
+        data, eval_data = generate_data(workdir, FLAGS.generate_records, FLAGS.eval_records,
+                                        FLAGS.data_seed)
+    ckpt = FLAGS.checkpoint_dir or str(workdir / "checkpoints")
+    return JobConfig(
+        num_ps=FLAGS.num_ps, num_workers=FLAGS.num_workers,
+        num_hosts=FLAGS.num_hosts or FLAGS.num_workers, data=data, eval_data=eval_data,
+        epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
+        records_per_shard=FLAGS.records_per_shard, shuffle=FLAGS.shuffle,
+        buckets=FLAGS.buckets, checkpoint_dir=ckpt, learning_rate=FLAGS.learning_rate,
+        checkpoint_every_shards=FLAGS.checkpoint_every_shards, audit=FLAGS.audit,
+        workdir=workdir, injections=injections, timeout_seconds=FLAGS.timeout_seconds,
+        max_restarts=FLAGS.max_restarts, progress=FLAGS.progress, data_seed=FLAGS.data_seed)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cfg = config_from_flags()
+    print(f"antdt-launch: {cfg.num_ps} PS, {cfg.num_workers} workers on {cfg.num_hosts} "
+          f"simulated host(s); workdir {cfg.workdir}", file=sys.stderr)
+    for inj in cfg.injections:
+        print(f"  inject: {inj}", file=sys.stderr)
+    try:
+        report = LocalJob(cfg).run()
+    except (RuntimeError, TimeoutError, AntdtError) as e:
+        print(f"antdt-launch: the job failed: {e}\n  logs: {cfg.workdir}/host*/", file=sys.stderr)
+        return 1
+    print(summary_table(report))
+    if FLAGS.report_json:
+        pathlib.Path(FLAGS.report_json).write_text(json.dumps(report, indent=2))
+        print(f"report: {FLAGS.report_json}")
+    return 0 if report.get("audit", {}).get("ok", True) else 1
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

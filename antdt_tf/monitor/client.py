@@ -1,0 +1,60 @@
+"""MonitorClient: report to / read from the master's antdt.v1.ClusterMonitor."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+import grpc
+
+from antdt_tf.proto import cluster_pb2 as cpb
+from antdt_tf.proto import cluster_pb2_grpc as cpb_grpc
+
+
+class MonitorClient:
+    """Thread-safe. Reports are numbered here (``seq``), so the master can drop late ones."""
+
+    def __init__(self, address: str = "", channel: Optional[grpc.Channel] = None,
+                 timeout: float = 10.0):
+        if channel is None and not address:
+            raise ValueError("MonitorClient needs an address or a channel")
+        self._own_channel = channel is None
+        self._channel = channel or grpc.insecure_channel(address)
+        self._stub = cpb_grpc.ClusterMonitorStub(self._channel)
+        self.timeout = timeout
+        self._seq = itertools.count(1)
+
+    def _call(self, method: str, request, wait: bool):
+        from antdt_tf.sharding.client import _raise_typed
+
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout,
+                                               wait_for_ready=wait)
+        except grpc.RpcError as e:
+            _raise_typed(e, method)
+
+    def report_agent(self, host: str, agent_address: str, tasks) -> bool:
+        report = cpb.AgentReport(host=host, agent_address=agent_address, seq=next(self._seq))
+        report.tasks.extend(tasks)
+        return self._call("ReportAgent", report, wait=False).accepted
+
+    def report_trainer(self, incarnation: int, workers: list[tuple[int, int]],
+                       task: cpb.TaskRef = cpb.TaskRef(job="chief", index=0)) -> bool:
+        """``workers[i] = (shards, records)`` trained by worker ``i``."""
+        report = cpb.TrainerReport(task=task, incarnation=incarnation, seq=next(self._seq))
+        report.workers.extend(cpb.WorkerStats(worker=i, shards=s, records=r)
+                              for i, (s, r) in enumerate(workers))
+        return self._call("ReportTrainer", report, wait=False).accepted
+
+    def status(self) -> cpb.ClusterStatus:
+        return self._call("GetClusterStatus", cpb.ClusterStatusRequest(), wait=True)
+
+    def close(self) -> None:
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
