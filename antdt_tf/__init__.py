@@ -9,3 +9,7 @@ Packages, one per AntDT component (each readable alone):
 """
 
 __version__ = "0.1.0"
+
+from antdt_tf.procutil import adopt_parent_death as _adopt_parent_death
+
+_adopt_parent_death()   # a child started with procutil.child_env() dies with its parent

@@ -44,7 +44,7 @@ from absl import app, flags
 
 from antdt_tf.agent.inject import Injection, parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
-from antdt_tf.procutil import die_with_parent
+from antdt_tf.procutil import child_env
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 2, "Parameter server tasks.")
@@ -191,7 +191,7 @@ class LocalJob:
                     [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=host{h}",
                      "--port=0", f"--port_file={port_file}", f"--master={self.master_address}",
                      f"--task_log_dir={host_dir}"], stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                    start_new_session=True, preexec_fn=die_with_parent))
+                    start_new_session=True, env=child_env()))
         deadline = time.monotonic() + 60
         for h, proc in enumerate(self.agent_procs):
             port_file = self.cfg.workdir / f"agent{h}.port"

@@ -1,17 +1,50 @@
-"""Process helpers shared by everything that starts child processes."""
+"""Process helpers shared by everything that starts child processes.
+
+Children die with their parent, so a killed launcher, agent or test leaves no orphaned
+servers behind. The parent puts its pid in the child's environment (``child_env``);
+the child, when it imports ``antdt_tf``, asks Linux to SIGKILL it when that parent dies
+(``PR_SET_PDEATHSIG``). This is done in the child, not in a ``preexec_fn``: running
+Python between fork and exec in a multi-threaded gRPC process crashed children with
+SIGSEGV here (gRPC skips its fork handlers while other threads are in gRPC).
+"""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import sys
+from typing import Mapping, Optional
 
+PARENT_ENV = "ANTDT_DIE_WITH_PARENT"
 _PR_SET_PDEATHSIG = 1
 
 
+def _set_pdeathsig() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def child_env(env: Optional[Mapping[str, str]] = None) -> dict:
+    """The environment for a child antdt-tf process that must die with this process."""
+    out = dict(os.environ if env is None else env)
+    out[PARENT_ENV] = str(os.getpid())
+    return out
+
+
+def adopt_parent_death() -> None:
+    """Run at ``antdt_tf`` import. If our parent asked (``child_env``), we get SIGKILL
+    when it dies; if it is already gone, we leave at once. The variable is removed so
+    our own children do not inherit a request that names our parent."""
+    want = os.environ.pop(PARENT_ENV, "")
+    if not want.isdigit() or not sys.platform.startswith("linux"):
+        return
+    _set_pdeathsig()
+    if os.getppid() != int(want):   # the parent died before we got here
+        os._exit(1)
+
+
 def die_with_parent() -> None:
-    """``preexec_fn`` for ``subprocess.Popen``: the child gets SIGKILL when the process
-    (strictly: the thread) that started it dies, so a killed launcher or test leaves no
-    orphaned servers behind. Linux only; elsewhere a no-op."""
+    """``preexec_fn`` variant, only for single-threaded parents (see the module doc);
+    prefer ``env=child_env()``."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _set_pdeathsig()

@@ -23,7 +23,7 @@ import time
 from absl import app, flags
 from tqdm import tqdm
 
-from antdt_tf.procutil import die_with_parent
+from antdt_tf.procutil import child_env
 from antdt_tf.sharding.client import ShardingClient, Task
 from antdt_tf.sharding.plan import DatasetSpec
 
@@ -43,7 +43,7 @@ def _start_master(workdir: pathlib.Path) -> tuple[subprocess.Popen, str]:
            f"--state_dir={workdir / 'state'}"]
     log = open(workdir / "master.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=die_with_parent)
+                            env=child_env())
     deadline = time.monotonic() + 60
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:

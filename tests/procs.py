@@ -11,7 +11,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from antdt_tf.procutil import die_with_parent
+from antdt_tf.procutil import child_env
 
 MASTER_BIN = str(pathlib.Path(sys.executable).parent / "antdt-master")
 
@@ -49,7 +49,7 @@ class MasterProcess:
             port_file.unlink()
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=die_with_parent)
+                                     start_new_session=True, env=child_env())
         log.close()
         return self.proc
 

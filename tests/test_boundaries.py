@@ -26,16 +26,17 @@ def test_service_layer_imports_no_tensorflow():
 
 
 def test_children_die_with_their_parent(tmp_path):
-    """A process started with die_with_parent is SIGKILLed when its parent dies."""
+    """An antdt_tf process started with child_env() is SIGKILLed when its parent dies,
+    even when the parent is busy in gRPC threads (no preexec_fn involved)."""
     import os
     import time
 
     pid_file = tmp_path / "child.pid"
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
-        "from antdt_tf.procutil import die_with_parent\n"
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
-        " preexec_fn=die_with_parent)\n"
+        "from antdt_tf.procutil import child_env\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import antdt_tf, time; time.sleep(60)'],"
+        " env=child_env())\n"
         f"open({str(pid_file)!r}, 'w').write(str(c.pid))\n"
         "time.sleep(60)\n")])
     deadline = time.monotonic() + 20

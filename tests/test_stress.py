@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from antdt_tf.procutil import die_with_parent
+from antdt_tf.procutil import child_env
 from antdt_tf.sharding.client import ShardingClient, Task
 from antdt_tf.sharding.plan import DatasetSpec
 from procs import MasterProcess
@@ -25,7 +25,7 @@ PROCS, THREADS, RECORDS, RPS, EPOCHS = 3, 4, 24_000, 40, 2
 def spawn_client(address, log_dir, proc, inc):
     return subprocess.Popen([sys.executable, CLIENT, address, str(log_dir), str(proc), str(inc),
                              str(THREADS), "0.04"], start_new_session=True,
-                            preexec_fn=die_with_parent)
+                            env=child_env())
 
 
 def read_logs(log_dir):

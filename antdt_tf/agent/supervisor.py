@@ -22,7 +22,7 @@ import psutil
 
 from antdt_tf.agent.throttle import CpuThrottle
 from antdt_tf.errors import InvalidRequest, TaskAlreadyRunning, UnknownTask
-from antdt_tf.procutil import die_with_parent
+from antdt_tf.procutil import child_env
 from antdt_tf.proto import cluster_pb2 as cpb
 
 # The only programs an agent runs: it never executes arbitrary commands for a caller.
@@ -103,9 +103,10 @@ class TaskSupervisor:
                 log.write(f"\n=== start {time.strftime('%H:%M:%S')} {req.program} "
                           f"{' '.join(req.args)}\n".encode())
                 log.flush()
-                proc = subprocess.Popen([sys.executable, "-m", module, *req.args], env=env,
+                proc = subprocess.Popen([sys.executable, "-m", module, *req.args],
+                                        env=child_env(env),
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                        start_new_session=True, preexec_fn=die_with_parent)
+                                        start_new_session=True)
             task = _Task(key, proc, str(log_path), (old.starts if old else 0) + 1, time.time())
             self._tasks[key] = task
             return self._status(task)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Optional
 
-from antdt_tf.procutil import die_with_parent
+from antdt_tf.procutil import child_env
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -52,8 +52,8 @@ class LocalCluster:
         with open(self.log_dir / f"{job}{index}.log", "ab") as log:
             self.procs[job, index] = subprocess.Popen(
                 [sys.executable, "-m", "antdt_tf.tf.server", f"--cluster={self.spec_json}",
-                 f"--job={job}", f"--index={index}"], env=self.env, start_new_session=True,
-                stdout=subprocess.DEVNULL, stderr=log, preexec_fn=die_with_parent)
+                 f"--job={job}", f"--index={index}"], env=child_env(self.env), start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=log)
         return self.procs[job, index]
 
     def start(self) -> "LocalCluster":
@@ -95,8 +95,8 @@ def run_local_job(workdir: str | os.PathLike, master_address: str, cluster: Loca
            f"--master={master_address}", f"--batch_size={batch_size}", f"--buckets={buckets}",
            f"--report_json={report}", *flags] + (["--audit"] if audit else [])
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, env=cluster.env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=log, preexec_fn=die_with_parent)
+        proc = subprocess.Popen(cmd, env=child_env(cluster.env), start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=log)
     try:
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:

@@ -1,0 +1,65 @@
+"""--inject values: every documented form parses; every mistake gets a message that
+says what is wrong; antdt-launch refuses bad flags before starting anything."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from antdt_tf.agent.inject import Injection, parse_injection
+from antdt_tf.errors import InvalidRequest
+from antdt_tf.launch import place
+
+LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
+
+
+@pytest.mark.parametrize("text,expect", [
+    ("kill:worker:1@30s", Injection("kill", "worker", 1, 30.0)),
+    ("kill:ps:0@60", Injection("kill", "ps", 0, 60.0)),
+    ("kill:coordinator@45s", Injection("kill", "chief", 0, 45.0)),
+    ("kill:master@20s", Injection("kill", "master", 0, 20.0)),
+    ("slow:worker:2:x4@10s", Injection("slow", "worker", 2, 10.0, None, 4.0)),
+    ("slow:worker:2:x4@10s-70s", Injection("slow", "worker", 2, 10.0, 70.0, 4.0)),
+    ("slow:ps:0:x2.5@1.5s-3s", Injection("slow", "ps", 0, 1.5, 3.0, 2.5)),
+])
+def test_documented_forms_parse(text, expect):
+    assert parse_injection(text, num_ps=2, num_workers=3) == expect
+
+
+@pytest.mark.parametrize("text,message", [
+    ("kill:worker@3s", "needs an index"),
+    ("kill:worker:3@3s", "does not exist"),
+    ("kill:ps:2@3s", "does not exist"),
+    ("slow:worker:1:x0.5@3s", ">= 1"),
+    ("slow:worker:1:x2@30s-10s", "not after"),
+    ("kill:worker:1@3s-5s", "not a range"),
+    ("slow:master:x2@3s", "not supported"),
+    ("kill:master:1@3s", "only one"),
+    ("explode:worker:1@3s", "expected kill"),
+    ("kill:worker:1", "expected kill"),
+])
+def test_mistakes_are_explained(text, message):
+    with pytest.raises(InvalidRequest, match=message):
+        parse_injection(text, num_ps=2, num_workers=3)
+
+
+def test_placement_spreads_ps_and_workers_over_hosts():
+    where = place(num_ps=2, num_workers=3, num_hosts=3)
+    assert where["master", 0] == where["chief", 0] == 0
+    assert {where["ps", 0], where["ps", 1]} == {0, 1}
+    assert sorted(where["worker", i] for i in range(3)) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--inject=kill:worker:9@1s", "does not exist"),
+    ("--num_workers=0", "must be >= 1"),
+    ("--data=/nonexistent/train.adtr", "cannot use the data"),
+    ("--batch_size=0", "must be >= 1"),
+])
+def test_launch_rejects_bad_flags_before_starting_anything(tmp_path, flag, message):
+    out = subprocess.run([LAUNCH_BIN, flag, f"--workdir={tmp_path}"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1
+    assert message in out.stderr
+    assert not list(tmp_path.glob("host*"))   # no agent was started
