@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.antdt-installed
 
-.PHONY: install test test-fast demo bench protos bazel-test clean
+.PHONY: install test test-fast demo demo-sharding bench protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,15 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
+# The main job: 2 PS + 3 workers + coordinator + master, each a real process started by
+# per-host agents; 200k generated records; worker 2 slowed 3x for a while; audit on.
 demo: $(STAMP)
+	rm -rf .demo
+	$(VENV)/bin/antdt-launch --num_ps=2 --num_workers=3 --generate_records=200000 --audit \
+		--inject=slow:worker:2:x3@0s-15s --workdir=.demo --report_json=.demo/report.json
+
+# The sharding service alone, with simulated trainers (no TensorFlow).
+demo-sharding: $(STAMP)
 	$(VENV)/bin/antdt-sharding-demo
 
 bench: $(STAMP)

@@ -515,6 +515,9 @@ def config_from_flags() -> JobConfig:
     except InvalidRequest as e:
         raise app.UsageError(str(e)) from e
     workdir = pathlib.Path(FLAGS.workdir or tempfile.mkdtemp(prefix="antdt-job-"))
+    if (workdir / "master").exists() or (workdir / "checkpoints").exists():
+        raise app.UsageError(f"--workdir={workdir} holds a previous job's master state or "
+                             "checkpoints; use a new directory (or delete it)")
     workdir.mkdir(parents=True, exist_ok=True)
     data, eval_data = FLAGS.data, FLAGS.eval_data
     if data:
