@@ -9,6 +9,9 @@ STAMP := $(VENV)/.antdt-installed
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	# tensorflow-cpu (older checkouts) and tensorflow share files: remove it before
+	# installing tensorflow, never after
+	if $(PY) -m pip show -q tensorflow-cpu 2>/dev/null; then $(PY) -m pip uninstall -q -y tensorflow-cpu; fi
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,tf]'
 	touch $(STAMP)
 

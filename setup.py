@@ -22,8 +22,12 @@ setup(
         "uvloop>=0.19",  # the master's event loop: more calls per CPU second
     ],
     extras_require={
+        # tf-keras (model.fit under ParameterServerStrategy; Keras 3 has no PSS support)
+        # requires the `tensorflow` package; tensorflow-cpu beside it would share its
+        # files, so the extra names `tensorflow` (it runs on the CPU; no CUDA needed).
         "tf": [
-            "tensorflow-cpu==2.21.0",
+            "tensorflow==2.21.0",
+            "tf-keras==2.21.0",
         ],
         "test": [
             "pytest>=8",

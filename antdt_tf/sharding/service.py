@@ -212,7 +212,10 @@ class MasterServer:
         from antdt_tf.monitor.view import ClusterView
 
         self.servicer = servicer
+        from antdt_tf.sharding.tf_rpc import TfRpcServicer
+
         self.monitor = monitor if monitor is not None else ClusterMonitorServicer(ClusterView())
+        self.tf_rpc = TfRpcServicer(servicer)
         self.bind = bind
         self.requested_port = port
         self.tick_seconds = tick_seconds
@@ -229,7 +232,8 @@ class MasterServer:
     async def start(self) -> int:
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
         self._server.add_generic_rpc_handlers((generic_handler(self.servicer),
-                                               self.monitor.generic_handler()))
+                                               self.monitor.generic_handler(),
+                                               self.tf_rpc.generic_handler()))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         host = f"[{self.bind}]" if ":" in self.bind else self.bind
         self.port = self._server.add_insecure_port(f"{host}:{self.requested_port}")

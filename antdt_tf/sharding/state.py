@@ -232,6 +232,16 @@ class ShardState:
                                    "with a higher incarnation")
         return t
 
+    def task_incarnation(self, task_type: str, index: int) -> int:
+        """The latest incarnation of a task seen so far, -1 if never seen."""
+        t = self._tasks.get(f"{task_type}:{index}")
+        return t.incarnation if t is not None else -1
+
+    def lease_length(self, dataset: str, lease_id: int) -> Optional[int]:
+        """Records of an active (DOING) lease, None if it is not active."""
+        lease = self._run(dataset).doing.get(lease_id)
+        return lease.length if lease is not None else None
+
     def progress(self, dataset: str = "") -> pb.GetProgressResponse:
         runs = [self._run(dataset)] if dataset else list(self._runs.values())
         out = pb.GetProgressResponse()

@@ -1,0 +1,203 @@
+"""The master answers TensorFlow's RPC ops, so a worker's tf.data pipeline pulls shards.
+
+TensorFlow's experimental RPC ops (``tf.distribute.experimental.rpc``: ``RpcClient``,
+``RpcCall``, ...) speak gRPC service ``tensorflow.rpc.RpcService`` (``Call`` = method
+name + tensors in, tensors out). The master serves that path itself, with the wire
+messages mirrored in ``protos/antdt/v1/tf_rpc.proto`` — no TensorFlow in the master,
+no bridge process. Each worker's input pipeline (``antdt_tf.tf.pull``) calls:
+
+``antdt.open(dataset: string, worker: int64) -> incarnation: int64``
+    A new incarnation of task ``worker:<i>`` for a new per-worker iterator (e.g. after
+    the worker restarted). Its first ``antdt.next`` replaces the old incarnation, whose
+    leases go back to TODO from their reported offsets.
+``antdt.next(dataset, worker, incarnation) -> (status: int32, lease, shard: int64,
+epoch: int32, file: string, file_start, start, length: int64)``
+    The next lease. Long-polls up to ``wait_seconds`` while every remaining shard is
+    leased elsewhere (status 2 = WAIT: ask again); 1 = SHARD; 3 = END.
+``antdt.report(dataset, worker, incarnation, leases: int64[], shards: int64[],
+epochs: int32[], applied: int64[]) -> rejected: int64``
+    After a training step: ``applied[i]`` records of ``leases[i]`` (from its start) are
+    trained. A lease whose records are all applied becomes DONE, otherwise PROGRESS (so
+    a re-issue resumes after them). Reports the master cannot accept (the lease was
+    re-issued after an expiry or a restore) are counted in ``rejected`` and change
+    nothing; the step itself is not failed for them.
+
+Errors (bad arguments, unknown dataset, a stale incarnation) are gRPC statuses, which
+the RPC ops raise as the matching ``tf.errors`` type on the worker.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import logging
+import time
+from typing import Optional
+
+import grpc
+
+from antdt_tf.errors import AntdtError, InvalidRequest, LeaseNotHeld
+from antdt_tf.proto import sharding_pb2 as pb
+from antdt_tf.proto import tf_rpc_pb2 as tpb
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "tensorflow.rpc.RpcService"
+STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
+WORKER_TASK = "worker"
+
+
+def _scalar(t: tpb.TfTensor, dtype: int, what: str):
+    if t.dtype != dtype or len(t.tensor_shape.dim) != 0:
+        raise InvalidRequest(f"{what} must be a scalar of type {tpb.TfDataType.Name(dtype)}, "
+                             f"got {tpb.TfDataType.Name(t.dtype)} with shape "
+                             f"{[d.size for d in t.tensor_shape.dim]}")
+    if dtype == tpb.DT_STRING:
+        return t.string_val[0].decode() if t.string_val else ""
+    return _values(t, dtype)[0] if (t.int64_val or t.int_val or t.tensor_content) else 0
+
+
+def _values(t: tpb.TfTensor, dtype: int) -> list[int]:
+    if t.tensor_content:
+        a = array.array("q" if dtype == tpb.DT_INT64 else "i")
+        a.frombytes(t.tensor_content)
+        return a.tolist()
+    return list(t.int64_val if dtype == tpb.DT_INT64 else t.int_val)
+
+
+def _vector(t: tpb.TfTensor, dtype: int, what: str) -> list[int]:
+    if t.dtype != dtype or len(t.tensor_shape.dim) != 1:
+        raise InvalidRequest(f"{what} must be a vector of type {tpb.TfDataType.Name(dtype)}")
+    values = _values(t, dtype)
+    n = t.tensor_shape.dim[0].size
+    if len(values) != n:
+        if len(values) == 1:       # TF writes a run of equal values once
+            values = values * n
+        else:
+            raise InvalidRequest(f"{what}: {len(values)} values for shape [{n}]")
+    return values
+
+
+def _i64(v: int) -> tpb.TfTensor:
+    return tpb.TfTensor(dtype=tpb.DT_INT64, int64_val=[v])
+
+
+def _i32(v: int) -> tpb.TfTensor:
+    return tpb.TfTensor(dtype=tpb.DT_INT32, int_val=[v])
+
+
+def _str(v: str) -> tpb.TfTensor:
+    return tpb.TfTensor(dtype=tpb.DT_STRING, string_val=[v.encode()])
+
+
+class TfRpcServicer:
+    """``tensorflow.rpc.RpcService`` over the master's ShardingServicer (same state,
+    same event loop, same journal)."""
+
+    def __init__(self, sharding, wait_seconds: float = 2.0, poll_seconds: float = 0.05):
+        self.sharding = sharding
+        self.wait_seconds = wait_seconds
+        self.poll_seconds = poll_seconds
+
+    @property
+    def state(self):
+        return self.sharding.state
+
+    def _args(self, req: tpb.TfCallRequest, n: int):
+        if len(req.input_tensors) != n:
+            raise InvalidRequest(f"{req.method} takes {n} arguments, got {len(req.input_tensors)}")
+        return req.input_tensors
+
+    def _task(self, worker: int, incarnation: int) -> pb.TaskId:
+        return pb.TaskId(type=WORKER_TASK, index=worker, incarnation=incarnation)
+
+    def open(self, req) -> tpb.TfCallResponse:
+        dataset_t, worker_t = self._args(req, 2)
+        dataset = _scalar(dataset_t, tpb.DT_STRING, "dataset")
+        worker = _scalar(worker_t, tpb.DT_INT64, "worker")
+        self.state.progress(dataset)          # UnknownDataset if not registered
+        if worker < 0:
+            raise InvalidRequest(f"worker index must be >= 0, got {worker}")
+        incarnation = max(self.state.task_incarnation(WORKER_TASK, worker) + 1,
+                          int(time.time() * 1000))
+        log.info("worker %d opened dataset %s as incarnation %d", worker, dataset, incarnation)
+        return tpb.TfCallResponse(output_tensors=[_i64(incarnation)])
+
+    async def next(self, req) -> tpb.TfCallResponse:
+        dataset_t, worker_t, inc_t = self._args(req, 3)
+        dataset = _scalar(dataset_t, tpb.DT_STRING, "dataset")
+        task = self._task(_scalar(worker_t, tpb.DT_INT64, "worker"),
+                          _scalar(inc_t, tpb.DT_INT64, "incarnation"))
+        deadline = time.monotonic() + self.wait_seconds
+        while True:
+            resp = self.state.get_shard(dataset, task)
+            self.sharding.after_call()
+            if resp.status != pb.GetShardResponse.WAIT or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(self.poll_seconds, max(0.0, deadline - time.monotonic())))
+        s = resp.shard
+        status = {pb.GetShardResponse.SHARD: STATUS_SHARD, pb.GetShardResponse.WAIT: STATUS_WAIT,
+                  pb.GetShardResponse.END: STATUS_END}[resp.status]
+        return tpb.TfCallResponse(output_tensors=[
+            _i32(status), _i64(s.lease_id), _i64(s.shard_id), _i32(s.epoch), _str(s.file),
+            _i64(s.file_start), _i64(s.start), _i64(s.length)])
+
+    def report(self, req) -> tpb.TfCallResponse:
+        dataset_t, worker_t, inc_t, leases_t, shards_t, epochs_t, applied_t = self._args(req, 7)
+        dataset = _scalar(dataset_t, tpb.DT_STRING, "dataset")
+        task = self._task(_scalar(worker_t, tpb.DT_INT64, "worker"),
+                          _scalar(inc_t, tpb.DT_INT64, "incarnation"))
+        leases = _vector(leases_t, tpb.DT_INT64, "leases")
+        shards = _vector(shards_t, tpb.DT_INT64, "shards")
+        epochs = _vector(epochs_t, tpb.DT_INT32, "epochs")
+        applied = _vector(applied_t, tpb.DT_INT64, "applied")
+        if not len(leases) == len(shards) == len(epochs) == len(applied):
+            raise InvalidRequest("leases, shards, epochs and applied must have equal lengths")
+        rejected = 0
+        for lease, shard, epoch, n in zip(leases, shards, epochs, applied):
+            length = self.state.lease_length(dataset, lease)
+            outcome = (pb.ReportShardRequest.DONE if length is not None and n == length
+                       else pb.ReportShardRequest.PROGRESS)
+            try:
+                self.state.report_shard(pb.ReportShardRequest(
+                    dataset=dataset, task=task, lease_id=lease, shard_id=shard, epoch=epoch,
+                    outcome=outcome, records_processed=n))
+            except LeaseNotHeld as e:
+                rejected += 1
+                log.warning("report from %s:%d#%d not counted: %s", task.type, task.index,
+                            task.incarnation, e)
+        self.sharding.after_call()
+        return tpb.TfCallResponse(output_tensors=[_i64(rejected)])
+
+    METHODS = {"antdt.open": "open", "antdt.next": "next", "antdt.report": "report"}
+
+    async def Call(self, raw: bytes, context: grpc.aio.ServicerContext):
+        from antdt_tf.sharding.service import status_of
+
+        req = tpb.TfCallRequest()
+        try:
+            req.ParseFromString(raw)
+        except Exception as e:  # DecodeError: bytes that are not a CallRequest
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed CallRequest: {e}")
+        name = self.METHODS.get(req.method)
+        if name is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"method {req.method!r} is not served; known: {sorted(self.METHODS)}")
+        try:
+            result = getattr(self, name)(req)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        except AntdtError as e:
+            await context.abort(status_of(e), f"{req.method}: {e}")
+
+    async def List(self, raw: bytes, context) -> tpb.TfListResponse:
+        return tpb.TfListResponse(registered_methods=[
+            tpb.TfRegisteredMethod(method=m) for m in sorted(self.METHODS)])
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        ser = lambda m: m.SerializeToString()  # noqa: E731
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, {
+            "Call": grpc.unary_unary_rpc_method_handler(self.Call, response_serializer=ser),
+            "List": grpc.unary_unary_rpc_method_handler(self.List, response_serializer=ser),
+        })
