@@ -44,6 +44,7 @@ setup(
             "antdt-tf-server=antdt_tf.tf.server:run",
             "antdt-coordinator=antdt_tf.tf.coordinator:run",
             "antdt-agent=antdt_tf.agent.agent:run",
+            "antdt-keras-trainer=antdt_tf.tf.keras_trainer:run",
             "antdt-launch=antdt_tf.launch:run",
         ],
     },

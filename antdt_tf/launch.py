@@ -52,6 +52,13 @@ flags.DEFINE_integer("num_workers", 3, "Worker tasks.")
 flags.DEFINE_integer("num_hosts", 0, "Simulated hosts (one agent each); tasks are placed "
                      "round-robin. 0: one host per worker.")
 flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
+flags.DEFINE_enum("api", "custom_loop", ["custom_loop", "keras"], "How the chief trains: "
+                  "custom_loop = antdt-coordinator (ClusterCoordinator loop); keras = "
+                  "antdt-keras-trainer (tf-keras model.fit with the antdt callback).")
+flags.DEFINE_enum("data_path", "pull", ["pull", "closure"], "custom_loop only: pull = "
+                  "workers lease shards from the master in their tf.data pipeline; closure = "
+                  "the coordinator schedules one closure per shard.")
+flags.DEFINE_float("checkpoint_every_seconds", 10.0, "Checkpoint this often (pull and keras).")
 flags.DEFINE_string("data", "", "Training records (.adtr, see antdt-data). Empty: generate "
                     "--generate_records synthetic Criteo-format records into the workdir.")
 flags.DEFINE_string("eval_data", "", "Held-out records for the final AUC (with --data).")
@@ -104,6 +111,9 @@ class JobConfig:
     max_restarts: int = 5
     progress: bool = True
     data_seed: int = 1
+    api: str = "custom_loop"
+    data_path: str = "pull"
+    checkpoint_every_seconds: float = 10.0
 
 
 def place(num_ps: int, num_workers: int, num_hosts: int) -> dict[tuple[str, int], int]:
@@ -218,12 +228,15 @@ class LocalJob:
                 f"--learning_rate={cfg.learning_rate}",
                 f"--report_json={self.coordinator_report_path}",
                 f"--checkpoint_dir={cfg.checkpoint_dir}",
-                f"--checkpoint_every_shards={cfg.checkpoint_every_shards}"]
+                f"--checkpoint_every_seconds={cfg.checkpoint_every_seconds}"]
+        if cfg.api == "custom_loop":
+            args += [f"--checkpoint_every_shards={cfg.checkpoint_every_shards}",
+                     f"--data_path={cfg.data_path}"]
         if cfg.eval_data:
             args.append(f"--eval_data={cfg.eval_data}")
         if cfg.audit:
             args.append("--audit")
-        return "antdt-coordinator", args
+        return ("antdt-keras-trainer" if cfg.api == "keras" else "antdt-coordinator"), args
 
     def start_task(self, job: str, index: int) -> None:
         program, args = self._task_args(job, index)
@@ -439,7 +452,8 @@ class _ProgressLine:
             return self.records
         self.last = now = time.monotonic()
         try:
-            p = self.admin.progress("train").datasets[0]
+            full = self.admin.progress("train")
+            p = full.datasets[0]
             status = self.monitor.status()
         except AntdtError:
             return self.records    # master restarting: keep the last numbers
@@ -447,7 +461,9 @@ class _ProgressLine:
                                             or p.finished)
         total_shards = p.shards_per_epoch * p.num_epochs
         shards = total_shards if p.finished else p.shards_per_epoch * p.epoch + p.done_shards
-        per_worker = [w.records for w in status.trainer.workers]
+        per_worker = [w.records for w in status.trainer.workers] or [
+            t.records_done for t in sorted((t for t in full.tasks if t.task.type == "worker"),
+                                           key=lambda t: t.task.index)]
         total = sum(per_worker) or 1
         share = " ".join(f"w{i}:{r / total:.0%}" for i, r in enumerate(per_worker))
         self.bar.set_postfix_str(f"shards {shards}/{total_shards} [{share}]", refresh=False)
@@ -542,6 +558,8 @@ def config_from_flags() -> JobConfig:
         epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
         records_per_shard=FLAGS.records_per_shard, shuffle=FLAGS.shuffle,
         buckets=FLAGS.buckets, checkpoint_dir=ckpt, learning_rate=FLAGS.learning_rate,
+        api=FLAGS.api, data_path=FLAGS.data_path,
+        checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
         checkpoint_every_shards=FLAGS.checkpoint_every_shards, audit=FLAGS.audit,
         workdir=workdir, injections=injections, timeout_seconds=FLAGS.timeout_seconds,
         max_restarts=FLAGS.max_restarts, progress=FLAGS.progress, data_seed=FLAGS.data_seed)

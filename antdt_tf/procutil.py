@@ -48,3 +48,14 @@ def die_with_parent() -> None:
     prefer ``env=child_env()``."""
     if sys.platform.startswith("linux"):
         _set_pdeathsig()
+
+
+def exit_now(code: int, message: str = "", program: str = "antdt") -> None:
+    """Flushes and leaves at once. ClusterCoordinator's destructor waits for every failed
+    task to come back (its failure handler keeps reconnecting), so a TF chief that lost a
+    task would never exit normally; everything worth keeping is reported by then."""
+    if message:
+        print(f"{program}: {message}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -29,6 +29,7 @@ from antdt_tf.proto import cluster_pb2 as cpb
 PROGRAMS = {
     "antdt-tf-server": "antdt_tf.tf.server",
     "antdt-coordinator": "antdt_tf.tf.coordinator",
+    "antdt-keras-trainer": "antdt_tf.tf.keras_trainer",
     "antdt-master": "antdt_tf.master",
 }
 JOBS = ("ps", "worker", "chief", "master")

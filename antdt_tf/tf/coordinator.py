@@ -38,7 +38,14 @@ flags.DEFINE_boolean("audit", False, "Count per record how many times it was app
 flags.DEFINE_string("report_json", "", "Write the result report here.")
 flags.DEFINE_string("checkpoint_dir", "", "Checkpoint model + sharding state here at shard "
                     "boundaries; a restarted coordinator restores both from the latest.")
-flags.DEFINE_integer("checkpoint_every_shards", 8, "Checkpoint after this many DONE shards.")
+flags.DEFINE_enum("data_path", "pull", ["pull", "closure"], "pull: each worker's tf.data "
+                  "pipeline leases shards from the master itself (many steps per closure); "
+                  "closure: the coordinator leases shards and schedules one closure per shard.")
+flags.DEFINE_integer("steps_per_closure", 16, "pull: training steps per scheduled closure.")
+flags.DEFINE_integer("checkpoint_every_shards", 8, "closure: checkpoint after this many DONE "
+                     "shards.")
+flags.DEFINE_float("checkpoint_every_seconds", 10.0, "pull: checkpoint this often (at a step "
+                   "boundary with every trained batch reported).")
 flags.DEFINE_string("eval_data", "", "A record file (.adtr) to compute the final AUC and "
                     "logloss on, after training (on the coordinator, reading the PS).")
 flags.DEFINE_float("report_seconds", 1.0, "How often per-worker numbers go to the master's "
@@ -85,10 +92,22 @@ def main(argv):
         except Exception as e:  # progress reports are best effort; training goes on
             logging.warning("per-worker report not delivered: %s", e)
 
-    trainer = ShardTrainer(strategy, coordinator, client, FLAGS.dataset, model.train_step,
-                           FLAGS.batch_size, num_workers=len(spec["worker"]),
-                           task=client.task, checkpoint_every_shards=FLAGS.checkpoint_every_shards,
-                           on_progress=report_workers, progress_seconds=FLAGS.report_seconds)
+    if FLAGS.data_path == "pull":
+        from antdt_tf.tf.pull import PullTrainer
+
+        trainer = PullTrainer(
+            strategy, coordinator, FLAGS.master, FLAGS.dataset, model.train_step,
+            FLAGS.batch_size, num_workers=len(spec["worker"]),
+            progress_fn=lambda: client.progress(FLAGS.dataset).datasets[0],
+            steps_per_closure=FLAGS.steps_per_closure,
+            checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
+            on_progress=report_workers, progress_seconds=FLAGS.report_seconds)
+    else:
+        trainer = ShardTrainer(
+            strategy, coordinator, client, FLAGS.dataset, model.train_step, FLAGS.batch_size,
+            num_workers=len(spec["worker"]), task=client.task,
+            checkpoint_every_shards=FLAGS.checkpoint_every_shards,
+            on_progress=report_workers, progress_seconds=FLAGS.report_seconds)
     report = {}
     if FLAGS.checkpoint_dir:
         ckpt = ShardingCheckpoint(FLAGS.checkpoint_dir, model, client, [FLAGS.dataset],
@@ -164,14 +183,9 @@ def evaluate(tf, model, path: str, batch: int = 8192) -> dict:
 
 
 def _leave(code: int, message: str = "") -> None:
-    """Exits now. ClusterCoordinator's destructor waits for every failed task to come
-    back (its failure handler keeps reconnecting), so a job that lost a task would
-    never exit normally; everything worth keeping is reported by then."""
-    if message:
-        print(f"antdt-coordinator: {message}", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from antdt_tf.procutil import exit_now
+
+    exit_now(code, message, "antdt-coordinator")
 
 
 def run():

@@ -81,8 +81,9 @@ class LocalCluster:
 
 def run_local_job(workdir: str | os.PathLike, master_address: str, cluster: LocalCluster,
                   batch_size: int, audit: bool = True, buckets: int = 1 << 16,
-                  timeout: float = 600.0, on_poll=None, flags=()) -> Optional[dict]:
-    """Runs ``antdt_tf.tf.coordinator`` against ``cluster`` and the master until it
+                  timeout: float = 600.0, on_poll=None, flags=(),
+                  module: str = "antdt_tf.tf.coordinator") -> Optional[dict]:
+    """Runs ``module`` (``antdt_tf.tf.coordinator`` or ``antdt_tf.tf.keras_trainer``) against ``cluster`` and the master until it
     exits; ``on_poll(proc)`` is called every 50 ms meanwhile (fault injection in tests).
     Returns the coordinator's JSON report, with its log under ``"log"``, or None if the
     coordinator was SIGKILLed (by ``on_poll``)."""
@@ -91,7 +92,7 @@ def run_local_job(workdir: str | os.PathLike, master_address: str, cluster: Loca
     workdir = pathlib.Path(workdir)
     report = workdir / "report.json"
     log_path = workdir / "coordinator.log"
-    cmd = [sys.executable, "-m", "antdt_tf.tf.coordinator", f"--cluster={cluster.spec_json}",
+    cmd = [sys.executable, "-m", module, f"--cluster={cluster.spec_json}",
            f"--master={master_address}", f"--batch_size={batch_size}", f"--buckets={buckets}",
            f"--report_json={report}", *flags] + (["--audit"] if audit else [])
     with open(log_path, "ab") as log:

@@ -1,0 +1,132 @@
+"""antdt-keras-trainer: the chief of a PSS job trained with tf-keras ``model.fit``.
+
+The Keras counterpart of ``antdt-coordinator`` (same flags, same report, same exit
+codes: 0 done, 75 a cluster task is unavailable — relaunch once it is back, 1 other):
+builds ``ParameterServerStrategy``, the Keras DeepFM, and runs ``model.fit`` on
+:func:`antdt_tf.tf.keras.dataset_creator` with a :class:`~antdt_tf.tf.keras.ShardingCallback`.
+It is also the complete example of the Keras integration (see the README).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"   # before TensorFlow is imported: tf.keras = tf-keras
+
+from absl import app, flags  # noqa: E402
+
+from antdt_tf.tf.cluster_spec import parse_cluster_flag  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("cluster", None, "Cluster spec as JSON (needs a 'chief' job).")
+flags.DEFINE_string("master", None, "host:port of antdt-master.")
+flags.DEFINE_string("dataset", "train", "Registered dataset to train.")
+flags.DEFINE_integer("batch_size", 256, "Records per batch.")
+flags.DEFINE_integer("buckets", 1 << 16, "Hash buckets of the embedding tables.")
+flags.DEFINE_float("learning_rate", 0.2, "SGD learning rate.")
+flags.DEFINE_boolean("audit", False, "Count per record how many times it was applied.")
+flags.DEFINE_string("report_json", "", "Write the result report here.")
+flags.DEFINE_string("checkpoint_dir", "", "Checkpoint model + optimizer + sharding state.")
+flags.DEFINE_float("checkpoint_every_seconds", 10.0, "Checkpoint this often.")
+flags.DEFINE_string("eval_data", "", "Record file for the final AUC / logloss.")
+
+
+def main(argv):
+    del argv
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    spec = parse_cluster_flag(FLAGS.cluster)
+    for job in ("chief", "ps", "worker"):
+        if not spec.get(job):
+            raise app.UsageError(f"the cluster spec needs a {job!r} job")
+    import tensorflow as tf
+
+    from antdt_tf.models.keras_deepfm import build_keras_deepfm
+    from antdt_tf.sharding.client import ShardingClient
+    from antdt_tf.tf import keras as antdt_keras
+    from antdt_tf.procutil import exit_now
+
+    def _leave(code, message=""):
+        exit_now(code, message, "antdt-keras-trainer")
+
+    keras = tf.keras
+    client = ShardingClient(FLAGS.master)
+    progress = client.progress(FLAGS.dataset).datasets[0]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=tf.distribute.experimental.partitioners.
+        MinSizePartitioner(min_shard_bytes=64 << 10, max_shards=len(spec["ps"])))
+    with strategy.scope():
+        model = build_keras_deepfm(FLAGS.buckets)
+        model.compile(optimizer=keras.optimizers.SGD(FLAGS.learning_rate),
+                      loss=keras.losses.BinaryCrossentropy())
+    sharding = antdt_keras.ShardingCallback(
+        FLAGS.master, FLAGS.dataset, checkpoint_dir=FLAGS.checkpoint_dir,
+        checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
+        audit_records=progress.records_per_epoch if FLAGS.audit else 0)
+    report = {"restored_from": sharding.restore_or_initialize(model)}
+    import time
+    t0 = time.monotonic()
+    try:
+        model.fit(antdt_keras.dataset_creator(FLAGS.master, FLAGS.dataset, FLAGS.batch_size),
+                  epochs=1, steps_per_epoch=sharding.steps_upper_bound(FLAGS.batch_size),
+                  callbacks=[sharding], verbose=0)
+    except tf.errors.UnavailableError as e:
+        _leave(75, f"cluster task unavailable, relaunch me: {e}")
+    except Exception as e:  # the binary's top level: report, then leave
+        logging.exception("training failed")
+        _leave(1, f"training failed: {type(e).__name__}: {e}")
+    final = client.progress(FLAGS.dataset)
+    workers = sorted((t for t in final.tasks if t.task.type == "worker"),
+                     key=lambda t: t.task.index)
+    report.update(records=int(final.datasets[0].records_done_total),
+                  shards=int(final.datasets[0].shards_per_epoch * final.datasets[0].num_epochs),
+                  seconds=time.monotonic() - t0, api="keras",
+                  shards_per_worker=[int(t.shards_done) for t in workers],
+                  records_per_worker=[int(t.records_done) for t in workers])
+    if FLAGS.audit:
+        counts = sharding.applied_counts()
+        expected = progress.num_epochs
+        report["audit"] = {"applied_0": int((counts == 0).sum()),
+                           "applied_1": int((counts == 1).sum()),
+                           "applied_2plus": int((counts >= 2).sum()),
+                           "expected_times": expected,
+                           "applied_expected": int((counts == expected).sum()),
+                           "applied_other": int((counts != expected).sum())}
+    if FLAGS.eval_data:
+        report.update(evaluate(tf, model, FLAGS.eval_data))
+    text = json.dumps(report)
+    print(text, flush=True)
+    if FLAGS.report_json:
+        with open(FLAGS.report_json, "w") as f:
+            f.write(text)
+    _leave(0)
+
+
+def evaluate(tf, model, path: str, batch: int = 8192) -> dict:
+    import numpy as np
+
+    from antdt_tf.data.metrics import auc, logloss
+    from antdt_tf.data.records import RecordFile
+
+    data = RecordFile(path)
+    labels, scores = [], []
+    for start in range(0, data.num_records, batch):
+        b = data.read(start, min(batch, data.num_records - start))
+        p = model({"dense": tf.constant(b.dense), "sparse": tf.constant(b.sparse)},
+                  training=False)
+        labels.append(b.label)
+        scores.append(np.asarray(p).reshape(-1))
+    y, p = np.concatenate(labels), np.concatenate(scores)
+    return {"eval_records": int(len(y)), "auc": auc(y, p), "logloss": logloss(y, p)}
+
+
+def run():
+    flags.mark_flags_as_required(["cluster", "master"])
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,255 @@
+"""Workers pull their shards: a per-worker ``tf.data`` pipeline that asks the master.
+
+Each worker's input pipeline talks to the master itself, with TensorFlow's RPC ops
+(the master serves ``tensorflow.rpc.RpcService``; see ``antdt_tf.sharding.tf_rpc``):
+it opens a new incarnation of task ``worker:<i>``, leases the next shard whenever it
+needs records, reads the shard's records with TF ops and batches them across shard
+boundaries. Only shard descriptors travel; records never pass through Python or the
+coordinator. A worker that is fast simply asks more often, so it gets more shards.
+
+Every batch carries, per record, the lease it came from and its position in the lease.
+After the training step has applied a batch, :func:`report_applied` tells the master how
+far each lease got (in the same closure, on the worker). So the master's offsets are
+exactly what the model has seen, up to the one batch in flight when a worker dies:
+re-issued leases resume after the applied records, and a checkpoint taken with no
+closure in flight holds model and sharding state that agree.
+
+Both training APIs use it: :class:`PullTrainer` (custom loop over ``ClusterCoordinator``,
+many steps per closure, so the fixed cost per shard is one RPC) and the Keras path
+(``antdt_tf.tf.keras``).
+
+The RPC ops live in a private TensorFlow module (``gen_rpc_ops``); a test pins them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import threading
+import time
+
+import tensorflow as tf
+from tensorflow.distribute.experimental.rpc.kernels import gen_rpc_ops as _rpc
+
+from antdt_tf.data.records import HEADER_BYTES
+from antdt_tf.tf.reader import RECORD_BYTES, decode_records
+
+STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
+DEFAULT_TIMEOUT_MS = 60_000
+_NEXT_TYPES = [tf.int32, tf.int64, tf.int64, tf.int32, tf.string, tf.int64, tf.int64, tf.int64]
+
+
+def _client(master: str, timeout_ms: int, role: str):
+    # One named client per role: a handle that shares its resource with another user
+    # (the input pipeline vs the training step) was found deleted under the other.
+    client, _ = _rpc.rpc_client(server_address=master, timeout_in_ms=timeout_ms,
+                                shared_name=f"antdt_{role}_{master}",
+                                list_registered_methods=False)
+    return client
+
+
+def _call(client, method: str, args, tout, timeout_ms: int):
+    future, deleter = _rpc.rpc_call(client=client, method_name=method, args=args,
+                                    timeout_in_ms=timeout_ms)
+    values = _rpc.rpc_get_value(status_or=future, Tout=tout)
+    with tf.control_dependencies(values):
+        done = _rpc.delete_rpc_future_resource(handle=future, deleter=deleter)
+    with tf.control_dependencies([done]):
+        return [tf.identity(v) for v in values]
+
+
+def _records(path, file_start, length) -> tf.data.Dataset:
+    start = tf.cast(file_start, tf.int64)
+    ds = tf.data.FixedLengthRecordDataset(path, RECORD_BYTES,
+                                          header_bytes=HEADER_BYTES + start * RECORD_BYTES)
+    return ds.take(length)
+
+
+def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS) -> tf.data.Dataset:
+    """The batches this worker trains, pulled shard by shard from the master.
+
+    Call inside the ``dataset_fn`` of ``ClusterCoordinator.create_per_worker_dataset``
+    (or a Keras ``DatasetCreator``): it runs on each worker. Elements are dicts of the
+    decoded features (``label``, ``dense``, ``sparse``) plus ``record_id`` (global record
+    index, for the audit) and ``antdt`` (what :func:`report_applied` needs). The dataset
+    ends when the master says every epoch is done.
+    """
+    if worker is None:
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    worker = tf.cast(worker, tf.int64)
+    name = tf.constant(dataset)
+    client = _client(master, timeout_ms, "pull")
+    (incarnation,) = _call(client, "antdt.open", [name, worker], [tf.int64], timeout_ms)
+
+    def next_lease(_):
+        status, lease, shard, epoch, path, file_start, start, length = _call(
+            client, "antdt.next", [name, worker, incarnation], _NEXT_TYPES, timeout_ms)
+        return {"status": status, "lease": lease, "shard": shard, "epoch": epoch,
+                "path": path, "file_start": file_start, "start": start, "length": length}
+
+    leases = (tf.data.Dataset.range(2 ** 62)          # sequential: one lease at a time
+              .map(next_lease)
+              .take_while(lambda d: d["status"] != STATUS_END)
+              .filter(lambda d: d["status"] == STATUS_SHARD))
+
+    def shard_records(d):
+        meta = {"lease": d["lease"], "shard": d["shard"], "epoch": d["epoch"],
+                "start": d["start"], "length": d["length"]}
+        return tf.data.Dataset.zip((_records(d["path"], d["file_start"], d["length"]),
+                                    tf.data.Dataset.range(d["length"]),
+                                    tf.data.Dataset.from_tensors(meta).repeat()))
+
+    def to_batch(raw, offset, meta):
+        batch = decode_records(raw)
+        batch["record_id"] = meta["start"] + offset
+        batch["antdt"] = {"lease": meta["lease"], "shard": meta["shard"],
+                          "epoch": meta["epoch"], "applied": offset + 1,
+                          "length": meta["length"], "worker": worker,
+                          "incarnation": incarnation}
+        return batch
+
+    return leases.flat_map(shard_records).batch(batch_size).map(to_batch)
+
+
+def report_applied(master: str, dataset: str, meta: dict,
+                   timeout_ms: int = DEFAULT_TIMEOUT_MS):
+    """Tells the master how far each lease in a trained batch got. Call after the step
+    (in the same tf.function: auto control dependencies order it after the updates).
+    Returns ``(records, finished_leases)`` of the batch."""
+    leases, idx = tf.unique(meta["lease"])
+    n = tf.shape(leases)[0]
+    applied = tf.math.unsorted_segment_max(meta["applied"], idx, n)
+    shards = tf.math.unsorted_segment_max(meta["shard"], idx, n)
+    epochs = tf.math.unsorted_segment_max(meta["epoch"], idx, n)
+    lengths = tf.math.unsorted_segment_max(meta["length"], idx, n)
+    client = _client(master, timeout_ms, "report")
+    _call(client, "antdt.report",
+          [tf.constant(dataset), meta["worker"], meta["incarnation"], leases, shards,
+           epochs, applied], [tf.int64], timeout_ms)
+    finished = tf.reduce_sum(tf.cast(tf.equal(applied, lengths), tf.int64))
+    return tf.shape(meta["lease"], out_type=tf.int64)[0], finished
+
+
+@dataclasses.dataclass
+class PullResult:
+    records: int
+    shards: int
+    seconds: float
+    shards_per_worker: list[int]
+    records_per_worker: list[int]
+
+
+class PullTrainer:
+    """Custom training loop over ``ClusterCoordinator`` with worker-side pulling.
+
+    Schedules closures of up to ``steps_per_closure`` steps on every worker's pulled
+    dataset, keeping ``in_flight_per_worker`` closures per worker queued, until the
+    master reports the dataset finished. Every ``checkpoint_every_seconds`` (or
+    ``checkpoint_every_steps``) it drains the closures in flight — every pulled batch is
+    then trained *and* reported — and calls ``on_checkpoint()``.
+
+    ``step_fn(batch, record_ids)`` runs in replica context on the worker and applies the
+    gradients itself (e.g. ``DeepFM.train_step``).
+    """
+
+    def __init__(self, strategy, coordinator, master: str, dataset: str, step_fn,
+                 batch_size: int, num_workers: int, progress_fn,
+                 steps_per_closure: int = 16, in_flight_per_worker: int = 2,
+                 checkpoint_every_seconds: float = 0.0, on_checkpoint=None,
+                 on_progress=None, progress_seconds: float = 1.0):
+        self.strategy = strategy
+        self.coordinator = coordinator
+        self.master = master
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.progress_fn = progress_fn       # () -> DatasetProgress (from the master)
+        self.steps_per_closure = steps_per_closure
+        self.window = max(1, in_flight_per_worker * num_workers)
+        self.checkpoint_every_seconds = checkpoint_every_seconds
+        self.on_checkpoint = on_checkpoint
+        self.on_progress = on_progress
+        self.progress_seconds = progress_seconds
+        self._step_fn = step_fn
+        with strategy.scope():
+            self._worker_shards = tf.Variable(tf.zeros([num_workers], tf.int64),
+                                              trainable=False, name="antdt_worker_shards")
+            self._worker_records = tf.Variable(tf.zeros([num_workers], tf.int64),
+                                               trainable=False, name="antdt_worker_records")
+        self.counters = tf.train.Checkpoint(worker_shards=self._worker_shards,
+                                            worker_records=self._worker_records)
+        self._train = tf.function(self._train_fn)
+
+    def _train_fn(self, iterator):
+        # the worker index is resolved per worker at the top level of the function (it
+        # is a placeholder TF feeds per worker; nested in the loop it is not fed)
+        worker = tf.reshape(tf.cast(
+            tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64), [1])
+
+        def replica_fn(batch, worker):
+            meta = batch.pop("antdt")
+            ids = batch.pop("record_id")
+            self._step_fn(batch, ids)
+            records, finished = report_applied(self.master, self.dataset, meta)
+            self._worker_records.scatter_add(tf.IndexedSlices(tf.reshape(records, [1]), worker))
+            self._worker_shards.scatter_add(tf.IndexedSlices(tf.reshape(finished, [1]), worker))
+
+        for _ in tf.range(self.steps_per_closure):
+            batch = iterator.get_next_as_optional()
+            if not batch.has_value():
+                break
+            self.strategy.run(replica_fn, args=(batch.get_value(), worker))
+        # no return value: fetching remote tensors from several threads crashed TF
+
+    def worker_counts(self) -> tuple[list[int], list[int]]:
+        return self._worker_shards.numpy().tolist(), self._worker_records.numpy().tolist()
+
+    def train(self) -> PullResult:
+        master, dataset, batch_size = self.master, self.dataset, self.batch_size
+        per_worker = self.coordinator.create_per_worker_dataset(
+            lambda: pull_dataset(master, dataset, batch_size))
+        iterator = iter(per_worker)
+        slots = threading.Semaphore(self.window)
+        errors: list[BaseException] = []
+        t0 = last_ckpt = last_progress = time.monotonic()
+
+        def settle(remote):
+            try:
+                remote.fetch()       # waits for the closure; raises what it raised
+            except BaseException as e:  # surfaced by train()
+                errors.append(e)
+            finally:
+                slots.release()
+
+        def drain():
+            for _ in range(self.window):
+                slots.acquire()
+            for _ in range(self.window):
+                slots.release()
+
+        with concurrent.futures.ThreadPoolExecutor(self.window, "antdt-pull") as pool:
+            while not errors:
+                now = time.monotonic()
+                if self.on_progress is not None and now - last_progress >= self.progress_seconds:
+                    self.on_progress(*self.worker_counts())
+                    last_progress = now
+                if (self.on_checkpoint is not None and self.checkpoint_every_seconds
+                        and now - last_ckpt >= self.checkpoint_every_seconds):
+                    drain()
+                    if not errors:
+                        self.on_checkpoint()
+                    last_ckpt = time.monotonic()
+                if self.progress_fn().finished:
+                    break
+                slots.acquire()
+                pool.submit(settle, self.coordinator.schedule(self._train, args=(iterator,)))
+        self.coordinator.join()
+        if errors:
+            raise errors[0]
+        shards, records = self.worker_counts()
+        if self.on_progress is not None:
+            self.on_progress(shards, records)
+        p = self.progress_fn()
+        return PullResult(int(p.records_done_total), int(sum(shards)),
+                          time.monotonic() - t0, shards, records)
