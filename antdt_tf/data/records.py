@@ -48,7 +48,7 @@ _HEADER = struct.Struct("<8sIIQII")   # magic, version, record_bytes, num_record
 _CRC_MASK_DELTA = 0xA282EAD8
 
 
-if google_crc32c.implementation != "c":   # the pure-Python fallback: minutes per 200k records
+if google_crc32c.implementation != "c":   # its pure-Python fallback: far slower
     warnings.warn("google-crc32c has no C extension here: writing record files will be slow")
 
 
