@@ -19,6 +19,7 @@ setup(
         "tqdm>=4.66",
         "psutil>=5.9",
         "numpy>=1.26",
+        "google-crc32c>=1.5",  # C CRC32C for the TFRecord framing of .adtr record files
         "uvloop>=0.19",  # the master's event loop: more calls per CPU second
     ],
     extras_require={

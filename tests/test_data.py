@@ -68,8 +68,10 @@ def test_records_round_trip_and_any_range_is_one_seek(tmp_path, data):
     path = tmp_path / "d.adtr"
     assert records.write_records(path, batches) == 60_000
     f = records.RecordFile(path)
-    assert (f.num_records, f.record_bytes) == (60_000, 264)
-    assert f.byte_offset(59_000) == records.HEADER_BYTES + 59_000 * 264
+    assert (f.num_records, f.record_bytes, f.stride) == (60_000, 264, 280)
+    assert (records.HEADER_BYTES, records.RECORD_STRIDE) == (80, 280)
+    assert f.byte_offset(59_000) == 80 + 59_000 * 280
+    assert path.stat().st_size == 80 + 60_000 * 280
     tail = f.read(59_000, 1_000)
     assert np.array_equal(tail.sparse, sparse[59_000:]) and np.array_equal(tail.label, label[59_000:])
     mid = f.read(12_345, 7)
@@ -102,11 +104,63 @@ def test_malformed_tsv_names_file_and_line(tmp_path, line, match):
         list(criteo.read_tsv(tsv))
 
 
+def test_v2_layout_is_tfrecord_framing_with_a_fixed_stride(tmp_path):
+    """Byte-level check of the layout, independent of the reader: record 0 is the
+    64-byte header, data record i is framed at 80 + 280 i, every CRC is TFRecord's
+    masked CRC32C (the reference values: crc32c(b"123456789") = 0xE3069283)."""
+    import struct
+    import zlib
+    assert records.masked_crc32c(b"123456789") == (
+        (((0xE3069283 >> 15) | (0xE3069283 << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+    path = tmp_path / "d.adtr"
+    batch = next(criteo.generate(criteo.SyntheticSpec(10, seed=1)))
+    records.write_records(path, [batch])
+    raw = path.read_bytes()
+    assert len(raw) == 80 + 10 * 280
+
+    def framed(at):
+        (n,) = struct.unpack_from("<Q", raw, at)
+        (len_crc,) = struct.unpack_from("<I", raw, at + 8)
+        payload = raw[at + 12:at + 12 + n]
+        (crc,) = struct.unpack_from("<I", raw, at + 12 + n)
+        assert len_crc == records.masked_crc32c(raw[at:at + 8])
+        assert crc == records.masked_crc32c(payload)
+        return payload
+
+    head = framed(0)
+    assert len(head) == 64 and head[:8] == b"ADTREC02"
+    magic, version, record_bytes, num, dense, sparse = struct.unpack_from("<8sIIQII", head)
+    assert (version, record_bytes, num, dense, sparse) == (2, 264, 10, 13, 26)
+    assert struct.unpack_from("<I", head, 32)[0] == zlib.crc32(head[:32])
+    assert head[36:] == bytes(28)
+    for i in (0, 7, 9):
+        payload = framed(80 + 280 * i)
+        assert len(payload) == 264
+        label, *dense_v = struct.unpack_from("<14f", payload)
+        assert label == batch.label[i] and dense_v == batch.dense[i].tolist()
+        assert list(struct.unpack_from("<26q", payload, 56)) == batch.sparse[i].tolist()
+
+
+def _v1_file(b: bytes) -> bytes:
+    """A version-1 file as the old writer made it: 64-byte header, bare 264-byte records."""
+    import struct
+    import zlib
+    head = struct.pack("<8sIIQII", b"ADTREC01", 1, 264, 100, 13, 26)
+    head = (head + struct.pack("<I", zlib.crc32(head))).ljust(64, b"\0")
+    return head + bytes(100 * 264)
+
+
 @pytest.mark.parametrize("damage,match", [
-    (lambda b: b"NOTADTR!" + b[8:], "bad magic"),
-    (lambda b: b[:20] + bytes([b[20] ^ 1]) + b[21:], "checksum"),
+    (lambda b: b[:12] + b"NOTADTR!" + b[20:], "bad magic"),
+    (lambda b: b"NOTADTR!" + b[8:], "bad magic"),                       # header framing
+    (lambda b: b[:24] + bytes([b[24] ^ 1]) + b[25:], "checksum"),          # a header field
+    (lambda b: b[:56] + bytes([b[56] ^ 1]) + b[57:], "checksum"),          # the zero pad
+    (lambda b: b[:9] + bytes([b[9] ^ 1]) + b[10:], "checksum"),            # header length CRC
     (lambda b: b[:-5], "truncated"),
+    (lambda b: b + bytes(280), "appended"),
     (lambda b: b[:10], "bad magic"),
+    (lambda b: b"", "bad magic"),
+    (_v1_file, "version-1 .*re-convert"),
 ])
 def test_damaged_record_files_are_refused(tmp_path, damage, match):
     path = tmp_path / "d.adtr"
@@ -114,6 +168,18 @@ def test_damaged_record_files_are_refused(tmp_path, damage, match):
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(DataError, match=match):
         records.RecordFile(path)
+
+
+def test_numpy_read_checks_the_framing_of_the_records_it_reads(tmp_path):
+    path = tmp_path / "d.adtr"
+    records.write_records(path, criteo.generate(criteo.SyntheticSpec(100)))
+    raw = bytearray(path.read_bytes())
+    raw[80 + 280 * 50] ^= 1                                  # length field of record 50
+    path.write_bytes(bytes(raw))
+    f = records.RecordFile(path)
+    assert len(f.read(0, 50).label) == 50
+    with pytest.raises(DataError, match=r"\[40, 60\) have bad framing"):
+        f.read(40, 20)
 
 
 def test_data_cli_generate_convert_inspect_and_errors(tmp_path):
