@@ -353,7 +353,25 @@ class LocalJob:
                          failure=how)
         ev["records_before"] = self._records_done()
         self.pending_faults.append(ev)
+        if job == "worker":
+            self._release_leases_of(index)
         self.start_task(job, index)
+
+    def _release_leases_of(self, worker: int) -> None:
+        """A dead worker's pipeline held leases (pull path): give them back now rather
+        than when their lease runs out, so the live workers take them over."""
+        from antdt_tf.sharding.client import ShardingClient, Task
+
+        try:
+            with ShardingClient(self.master_address, timeout=5) as c:
+                for t in c.progress("train").tasks:
+                    if t.task.type == "worker" and t.task.index == worker and t.state != "dead":
+                        n = c.report_task_failure(Task("worker", worker, t.task.incarnation),
+                                                  reason="process died (agent)")
+                        if n:
+                            self._event(f"worker:{worker}'s {n} leased shard(s) back to TODO")
+        except AntdtError as e:
+            self._event(f"could not release worker:{worker}'s leases: {e}")
 
     def _records_done(self) -> int:
         from antdt_tf.sharding.client import ShardingClient

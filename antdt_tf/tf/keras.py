@@ -220,7 +220,12 @@ class ShardingCallback(keras.callbacks.Callback):
         if logs is not None and hasattr(logs, "fetch"):
             self._ahead.append(logs)
             if len(self._ahead) > self.max_ahead:
-                self._ahead.popleft().fetch()    # waits for that step (main thread only)
+                try:
+                    self._ahead.popleft().fetch()    # waits for that step (main thread only)
+                except tf.errors.OpError:
+                    # the step ran on a worker that died since: its result cannot be
+                    # copied, but the step is done (or re-run elsewhere); only pacing here
+                    pass
         if (self.manager is not None and
                 time.monotonic() - self._last_checkpoint >= self.checkpoint_every_seconds):
             self.save()

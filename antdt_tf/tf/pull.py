@@ -3,8 +3,9 @@
 Each worker's input pipeline talks to the master itself, with TensorFlow's RPC ops
 (the master serves ``tensorflow.rpc.RpcService``; see ``antdt_tf.sharding.tf_rpc``):
 it opens a new incarnation of task ``worker:<i>``, leases the next shard whenever it
-needs records, reads the shard's records with TF ops and batches them across shard
-boundaries. Only shard descriptors travel; records never pass through Python or the
+needs records, and reads the shard with TF ops (a true seek, see ``reader``) in batches
+of its own (a shard's last batch may be smaller; a batch that waited for the next lease
+could wait forever at the end of the data, when that lease is its own remainder). Only shard descriptors travel; records never pass through Python or the
 coordinator. A worker that is fast simply asks more often, so it gets more shards.
 
 Every batch carries, per record, the lease it came from and its position in the lease.
@@ -31,8 +32,7 @@ import time
 import tensorflow as tf
 from tensorflow.distribute.experimental.rpc.kernels import gen_rpc_ops as _rpc
 
-from antdt_tf.data.records import HEADER_BYTES
-from antdt_tf.tf.reader import RECORD_BYTES, decode_records
+from antdt_tf.tf.reader import decode_records, raw_shard_dataset
 
 STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
 DEFAULT_TIMEOUT_MS = 60_000
@@ -56,13 +56,6 @@ def _call(client, method: str, args, tout, timeout_ms: int):
         done = _rpc.delete_rpc_future_resource(handle=future, deleter=deleter)
     with tf.control_dependencies([done]):
         return [tf.identity(v) for v in values]
-
-
-def _records(path, file_start, length) -> tf.data.Dataset:
-    start = tf.cast(file_start, tf.int64)
-    ds = tf.data.FixedLengthRecordDataset(path, RECORD_BYTES,
-                                          header_bytes=HEADER_BYTES + start * RECORD_BYTES)
-    return ds.take(length)
 
 
 def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
@@ -93,23 +86,24 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
               .take_while(lambda d: d["status"] != STATUS_END)
               .filter(lambda d: d["status"] == STATUS_SHARD))
 
-    def shard_records(d):
-        meta = {"lease": d["lease"], "shard": d["shard"], "epoch": d["epoch"],
-                "start": d["start"], "length": d["length"]}
-        return tf.data.Dataset.zip((_records(d["path"], d["file_start"], d["length"]),
-                                    tf.data.Dataset.range(d["length"]),
-                                    tf.data.Dataset.from_tensors(meta).repeat()))
+    def shard_batches(d):
+        # Batches never span shards: a partial batch waiting for the next lease could
+        # wait forever when that lease is its own shard's remainder (end of the data).
+        raw = raw_shard_dataset(d["path"], d["file_start"], d["length"], batch_size)
+        offsets = tf.data.Dataset.range(d["length"]).batch(batch_size)
+        return tf.data.Dataset.zip((raw, offsets)).map(lambda r, o: to_batch(r, o, d))
 
-    def to_batch(raw, offset, meta):
+    def to_batch(raw, offset, d):
         batch = decode_records(raw)
-        batch["record_id"] = meta["start"] + offset
-        batch["antdt"] = {"lease": meta["lease"], "shard": meta["shard"],
-                          "epoch": meta["epoch"], "applied": offset + 1,
-                          "length": meta["length"], "worker": worker,
+        n = tf.shape(offset)[0]
+        batch["record_id"] = d["start"] + offset
+        batch["antdt"] = {"lease": tf.fill([n], d["lease"]), "shard": tf.fill([n], d["shard"]),
+                          "epoch": tf.fill([n], d["epoch"]), "applied": offset + 1,
+                          "length": tf.fill([n], d["length"]), "worker": worker,
                           "incarnation": incarnation}
         return batch
 
-    return leases.flat_map(shard_records).batch(batch_size).map(to_batch)
+    return leases.flat_map(shard_batches)
 
 
 def report_applied(master: str, dataset: str, meta: dict,
