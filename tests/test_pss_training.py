@@ -42,7 +42,8 @@ def exact(report, n):
         (0, n, 0, n)
 
 
-def run_job(tmp_path, num_records, records_per_shard, batch_size, kill_worker_after_shards=None):
+def run_job(tmp_path, num_records, records_per_shard, batch_size, kill_worker_after_shards=None,
+            flags=()):
     """Runs master + 1 PS + 2 workers + coordinator; optionally SIGKILLs worker 1 once
     that many shards are DONE. Returns (report, final progress, shards done at kill,
     coordinator log)."""
@@ -57,13 +58,14 @@ def run_job(tmp_path, num_records, records_per_shard, batch_size, kill_worker_af
                     killed_at.append(done)
 
         report = run_local_job(tmp_path, master, cluster, batch_size, buckets=4096,
-                               timeout=240, on_poll=maybe_kill)
+                               timeout=240, on_poll=maybe_kill, flags=flags)
         progress = admin.progress("train").datasets[0]
     return report, progress, (killed_at or [None])[0], report["log"]
 
 
-def test_pss_job_trains_every_record_exactly_once(tmp_path):
-    report, progress, _, _ = run_job(tmp_path, 8192, 512, 256)
+@pytest.mark.parametrize("data_path", ["pull", "closure"])
+def test_pss_job_trains_every_record_exactly_once(tmp_path, data_path):
+    report, progress, _, _ = run_job(tmp_path, 8192, 512, 256, flags=[f"--data_path={data_path}"])
     assert report["records"] == 8192 and report["shards"] == 16
     # both workers pulled work; the per-worker split adds up
     assert sum(report["shards_per_worker"]) == 16 and min(report["shards_per_worker"]) > 0
@@ -92,7 +94,8 @@ def test_coordinator_sigkill_restores_model_and_sharding_state_together(tmp_path
     mid-run and relaunched on the same cluster, it restores both and finishes with
     every record applied exactly once in the final model."""
     n, rps = 16_384, 512
-    flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--checkpoint_every_shards=4"]
+    flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--checkpoint_every_shards=4",
+             "--checkpoint_every_seconds=1"]
     with pss_cluster(tmp_path, n, rps, seed=2) as (master, cluster, admin):
         killed = []
 
@@ -155,7 +158,8 @@ def test_ps_sigkill_exits_75_and_the_relaunch_restores_from_the_last_boundary(tm
     address, the relaunched coordinator restores model (the PS state) and sharding state
     from the last shard-boundary checkpoint and finishes with an exact audit."""
     n, rps = 16_384, 512
-    flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--checkpoint_every_shards=4"]
+    flags = [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--checkpoint_every_shards=4",
+             "--checkpoint_every_seconds=1"]
     with pss_cluster(tmp_path, n, rps, seed=4) as (master, cluster, admin):
         killed = []
 

@@ -19,8 +19,8 @@ epochs: int32[], applied: int64[]) -> rejected: int64``
     After a training step: ``applied[i]`` records of ``leases[i]`` (from its start) are
     trained. A lease whose records are all applied becomes DONE, otherwise PROGRESS (so
     a re-issue resumes after them). Reports the master cannot accept (the lease was
-    re-issued after an expiry or a restore) are counted in ``rejected`` and change
-    nothing; the step itself is not failed for them.
+    re-issued after an expiry or a restore, or the incarnation was replaced) are
+    counted in ``rejected`` and change nothing; the step itself is not failed for them.
 
 Errors (bad arguments, unknown dataset, a stale incarnation) are gRPC statuses, which
 the RPC ops raise as the matching ``tf.errors`` type on the worker.
@@ -36,7 +36,7 @@ from typing import Optional
 
 import grpc
 
-from antdt_tf.errors import AntdtError, InvalidRequest, LeaseNotHeld
+from antdt_tf.errors import AntdtError, InvalidRequest, LeaseNotHeld, StaleIncarnation
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.proto import tf_rpc_pb2 as tpb
 
@@ -162,7 +162,7 @@ class TfRpcServicer:
                 self.state.report_shard(pb.ReportShardRequest(
                     dataset=dataset, task=task, lease_id=lease, shard_id=shard, epoch=epoch,
                     outcome=outcome, records_processed=n))
-            except LeaseNotHeld as e:
+            except (LeaseNotHeld, StaleIncarnation) as e:
                 rejected += 1
                 log.warning("report from %s:%d#%d not counted: %s", task.type, task.index,
                             task.incarnation, e)

@@ -1,0 +1,119 @@
+"""The master answers TensorFlow's own RPC ops (tensorflow.rpc.RpcService): a real
+master, real TF ops as a worker's pipeline calls them, and bad calls rejected with the
+matching tf.errors type without changing anything."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import grpc  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from antdt_tf.proto import tf_rpc_pb2 as tpb  # noqa: E402
+from antdt_tf.sharding.client import ShardingClient  # noqa: E402
+from antdt_tf.sharding.plan import DatasetSpec  # noqa: E402
+from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer  # noqa: E402
+from antdt_tf.sharding.state import ShardState  # noqa: E402
+from antdt_tf.tf import pull  # noqa: E402
+
+I64, I32, STR = tf.int64, tf.int32, tf.string
+
+
+@pytest.fixture
+def master():
+    with BackgroundMaster(ShardingServicer(ShardState())) as m:
+        with ShardingClient(m.address) as admin:
+            admin.register_dataset(DatasetSpec("d", records_per_shard=100, num_records=250))
+        m.servicer = m.server.servicer
+        m.server.tf_rpc.wait_seconds = 0.2
+        yield m
+
+
+def call(master, method, args, tout):
+    client = pull._client(master.address, 5000, "test")
+    return [t.numpy() for t in pull._call(client, method, args, tout, 5000)]
+
+
+def c64(v):
+    return tf.constant(v, tf.int64)
+
+
+def test_open_next_report_end_with_tf_ops(master):
+    (inc,) = call(master, "antdt.open", [tf.constant("d"), c64(3)], [I64])
+    assert inc > 0
+    leases = []
+    while True:
+        status, lease, shard, epoch, path, file_start, start, length = call(
+            master, "antdt.next", [tf.constant("d"), c64(3), c64(inc)],
+            [I32, I64, I64, I32, STR, I64, I64, I64])
+        if status != pull.STATUS_SHARD:
+            break
+        leases.append((lease, shard, epoch, length))
+    # all three shards are leased to worker 3 now; nothing is free: WAIT (long poll)
+    assert status == pull.STATUS_WAIT and sorted(n for *_, n in leases) == [50, 100, 100]
+    lease, shard, epoch, length = leases[0]
+    (rejected,) = call(master, "antdt.report", [
+        tf.constant("d"), c64(3), c64(inc), c64([lease]), c64([shard]),
+        tf.constant([epoch], tf.int32), c64([length - 10])], [I64])
+    assert rejected == 0
+    task = [t for t in master.call(master.servicer.state.progress, "d").tasks][0]
+    assert (task.task.type, task.task.index, task.doing_shards) == ("worker", 3, 3)
+    for lease, shard, epoch, length in leases:
+        call(master, "antdt.report", [tf.constant("d"), c64(3), c64(inc), c64([lease]),
+                                      c64([shard]), tf.constant([epoch], tf.int32),
+                                      c64([length])], [I64])
+    progress = master.call(master.servicer.state.progress, "d").datasets[0]
+    assert progress.finished and progress.records_done_total == 250
+    status, *_ = call(master, "antdt.next", [tf.constant("d"), c64(3), c64(inc)],
+                      [I32, I64, I64, I32, STR, I64, I64, I64])
+    assert status == pull.STATUS_END
+
+
+def test_a_new_incarnation_takes_back_the_old_ones_leases(master):
+    nxt = [I32, I64, I64, I32, STR, I64, I64, I64]
+    (old,) = call(master, "antdt.open", [tf.constant("d"), c64(0)], [I64])
+    first = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(old)], nxt)
+    call(master, "antdt.report", [tf.constant("d"), c64(0), c64(old), c64([first[1]]),
+                                  c64([first[2]]), tf.constant([first[3]], tf.int32),
+                                  c64([30])], [I64])
+    (new,) = call(master, "antdt.open", [tf.constant("d"), c64(0)], [I64])
+    assert new > old
+    again = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(new)], nxt)
+    # the same shard again, resuming after the 30 records the old incarnation applied
+    assert again[2] == first[2] and again[6] == first[6] + 30 and again[7] == first[7] - 30
+    (rejected,) = call(master, "antdt.report", [
+        tf.constant("d"), c64(0), c64(old), c64([first[1]]), c64([first[2]]),
+        tf.constant([first[3]], tf.int32), c64([40])], [I64])
+    # a late report of the replaced incarnation is refused and not counted
+    assert rejected == 1
+    lease = master.call(master.servicer.state.progress, "d").datasets[0]
+    assert lease.records_done_total == 30     # the 30 reported before, not the stale 40
+
+
+@pytest.mark.parametrize("method,args,tout,error", [
+    ("antdt.open", lambda: [tf.constant("nope"), c64(0)], [I64], tf.errors.NotFoundError),
+    ("antdt.open", lambda: [c64(1), c64(0)], [I64], tf.errors.InvalidArgumentError),
+    ("antdt.open", lambda: [tf.constant("d")], [I64], tf.errors.InvalidArgumentError),
+    ("antdt.open", lambda: [tf.constant("d"), c64(-1)], [I64], tf.errors.InvalidArgumentError),
+    ("antdt.fly", lambda: [], [I64], tf.errors.NotFoundError),
+    ("antdt.report", lambda: [tf.constant("d"), c64(0), c64(1), c64([1, 2]), c64([1]),
+                              tf.constant([0], tf.int32), c64([1])], [I64],
+     tf.errors.InvalidArgumentError),
+])
+def test_bad_calls_raise_the_matching_tf_error(master, method, args, tout, error):
+    with pytest.raises(error):
+        call(master, method, args(), tout)
+    assert master.call(master.servicer.state.progress, "d").datasets[0].doing_shards == 0
+
+
+def test_malformed_bytes_are_invalid_argument(master):
+    with grpc.insecure_channel(master.address) as ch:
+        raw = ch.unary_unary("/tensorflow.rpc.RpcService/Call")
+        with pytest.raises(grpc.RpcError) as e:
+            raw(b"\x0a\xff\xff\xff", timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        listed = ch.unary_unary("/tensorflow.rpc.RpcService/List",
+                                response_deserializer=tpb.TfListResponse.FromString)(b"", timeout=10)
+        assert {m.method for m in listed.registered_methods} == {
+            "antdt.open", "antdt.next", "antdt.report"}
