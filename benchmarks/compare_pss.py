@@ -411,7 +411,7 @@ def _find(procs, needle: str):
     return None
 
 
-def run_antdt(work: pathlib.Path, args, straggler: bool) -> dict:
+def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: int = 16) -> dict:
     import psutil
 
     from antdt_tf.errors import AntdtError
@@ -423,7 +423,8 @@ def run_antdt(work: pathlib.Path, args, straggler: bool) -> dict:
            f"--data={args.data}", "--eval_data=", f"--records_per_shard={args.records_per_shard}",
            f"--batch_size={args.batch_size}", f"--buckets={args.buckets}",
            f"--learning_rate={args.learning_rate}", "--audit", f"--report_json={report}",
-           f"--workdir={work / 'job'}", "--noprogress"]
+           f"--workdir={work / 'job'}", "--noprogress",
+           f"--checkpoint_every_shards={checkpoint_every}"]
     if straggler:
         cmd.append(f"--inject=slow:worker:2:x{args.slowdown:g}@0s")
     with open(work / "launch.log", "ab") as log:
@@ -489,7 +490,11 @@ def run_antdt(work: pathlib.Path, args, straggler: bool) -> dict:
 
 SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
           "b": ("(b) TF1 static thirds", run_tf1),
-          "c": ("(c) antdt-tf", run_antdt)}
+          "c": ("(c) antdt-tf", run_antdt),
+          # diagnosis: (c) without its periodic shard-boundary checkpoints, which drain every
+          # closure in flight (so the fast workers wait for the straggler's current shard)
+          "d": ("(c') antdt-tf, no periodic ckpt",
+                lambda work, args, straggler: run_antdt(work, args, straggler, checkpoint_every=0))}
 
 
 def _model_flags(args) -> list[str]:
@@ -506,7 +511,7 @@ def write_results(args, results: dict, started: str) -> None:
     from benchmarks.results_table import write_table
 
     cmd = (f"python -m benchmarks.compare_pss --rounds={args.rounds} --records={args.records} "
-           f"--out={args.out}")
+           f"--setups={args.setups} --out={args.out}")
     lines = [
         f"# vanilla TF2 PSS vs TF1 static sharding vs antdt-tf ({started}; 2 cores, 1 PS + 3 "
         f"workers, DeepFM {args.buckets:,} buckets, SGD lr {args.learning_rate:g}, "
@@ -549,7 +554,7 @@ def write_results(args, results: dict, started: str) -> None:
         runs = results.get((k, s))
         return statistics.median(r["records"] / r["jct"] for r in runs) if runs else float("nan")
 
-    lines += [
+    ratio_lines = [
         f"- JCT (c)/(b) with the straggler: {med_jct('c', True) / med_jct('b', True):.2f} "
         f"(JCT (c)/(a) with the straggler: {med_jct('c', True) / med_jct('a', True):.2f})",
         f"- (c) throughput without straggler vs (a): {med_rps('c', False) / med_rps('a', False):.2f}x, "
@@ -557,10 +562,18 @@ def write_results(args, results: dict, started: str) -> None:
         f"- straggler slowdown of JCT (with / without): (a) "
         f"{med_jct('a', True) / med_jct('a', False):.2f}, (b) "
         f"{med_jct('b', True) / med_jct('b', False):.2f}, (c) "
-        f"{med_jct('c', True) / med_jct('c', False):.2f}",
+        f"{med_jct('c', True) / med_jct('c', False):.2f}"]
+    if set("abc") <= set(args.setups):
+        lines += ratio_lines
+    if set("cd") <= set(args.setups):
+        lines.append(f"- JCT (c)/(c') with the straggler: "
+                     f"{med_jct('c', True) / med_jct('d', True):.2f}, without: "
+                     f"{med_jct('c', False) / med_jct('d', False):.2f}")
+    lines += [
         "",
         f"Per run (JCT s): " + "; ".join(
-            f"{k}{'+s' if s else ''}: " + ", ".join(f"{r['jct']:.1f}" for r in runs)
+            f"{k}{'+s' if s else ''}: " + ", ".join(
+                f"{r['jct']:.1f} (load {r['load'][0]:.0f}->{r['load'][1]:.0f})" for r in runs)
             for (k, s), runs in results.items() if runs),
         "",
         f"Reproduce: `{cmd}` (or `make bench-compare`).",
@@ -609,12 +622,15 @@ def main():
                 run_dir = work / f"r{rnd}-{key}-{'slow' if straggler else 'none'}"
                 run_dir.mkdir()
                 t = time.monotonic()
+                load0 = os.getloadavg()[0]
                 r = SETUPS[key][1](run_dir, args, straggler)
+                r["load"] = (load0, os.getloadavg()[0])   # 1-min load average before / after
                 results[key, straggler].append(r)
                 print(f"round {rnd} {SETUPS[key][0]:<24} straggler={straggler!s:<5} "
                       f"JCT {r['jct']:6.2f} s ideal {r['ideal']:6.2f} s "
                       f"coord CPU {r['coord_cpu']:6.2f} s per worker {r['records_per_worker']} "
-                      f"audit {r['audit']} (wall {time.monotonic() - t:.0f} s)", flush=True)
+                      f"audit {r['audit']} (wall {time.monotonic() - t:.0f} s, load avg "
+                      f"{r['load'][0]:.1f} -> {r['load'][1]:.1f})", flush=True)
                 (run_dir / "summary.json").write_text(json.dumps(r))
     write_results(args, results, started)
 
