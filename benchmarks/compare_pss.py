@@ -1,0 +1,639 @@
+"""Straggler tolerance: vanilla TF2 PSS vs TF1 static sharding vs antdt-tf, same model and data.
+
+Usage::
+
+    python -m benchmarks.compare_pss [--rounds=3] [--records=120000]
+        [--out=benchmarks/results/compare_pss.md]
+
+Every setup trains ``antdt_tf.models.deepfm.DeepFM``'s math (hashed embeddings with
+``--buckets`` buckets, FM + dense tower, plain SGD, ``--learning_rate``) on the SAME
+generated record file (``criteo.generate`` + ``records.write_records``, written once
+into a temp dir), with batch ``--batch_size``, on 1 PS + 3 workers, each a separate real
+process on 127.0.0.1. Each setup runs without and with a straggler: worker 2 slowed
+``--slowdown`` x (4) by ``antdt_tf.agent.throttle.CpuThrottle`` (SIGSTOP/SIGCONT duty
+cycling — a real CPU slowdown) for the whole training phase. The six runs are repeated
+back to back in ``--rounds`` paired rounds; the table gives medians.
+
+Setups
+------
+(a) **vanilla TF2 PSS**, as TensorFlow's ParameterServerStrategy tutorial does it: the
+    driver starts a ``LocalCluster`` (``antdt-tf-server`` PS + workers) and a chief
+    process (this file, ``--role=vanilla_chief``) that builds ``ParameterServerStrategy`` +
+    ``ClusterCoordinator``, a per-worker dataset with ``create_per_worker_dataset`` — the
+    same ``dataset_fn`` on every worker: the WHOLE file, zipped with its record ids,
+    ``.shuffle(--shuffle_buffer).repeat().batch()`` — and schedules ``ceil(records /
+    batch)`` closures of one step each, then ``join()``. The DeepFM audit counter
+    (``audit_records``) counts per record id how often it was applied: since every worker
+    samples the whole file independently, records are applied 0, 1 or 2+ times.
+(b) **TF1 between-graph async PS training with static sharding**: the PS is an
+    ``antdt-tf-server``; each worker is a process (``--role=tf1_worker``) running
+    ``tf.compat.v1`` graph mode with its own in-process ``tf.distribute.Server``,
+    ``replica_device_setter`` and an async ``MonitoredTrainingSession``, reading ONLY its
+    contiguous third of the records (``FixedLengthRecordDataset`` at the byte offset).
+    The graph is DeepFM itself (its variables, ``_hash`` and ``logits``) with the same SGD
+    update written as graph ops (``tf.gradients`` + ``scatter_sub``/``assign_sub``) and
+    the same audit counter. The 30 s ``recovery_wait_secs`` of non-chiefs is avoided:
+    the chief creates its session (initializing the variables) first and only then do
+    the non-chiefs create theirs, which then find the model ready at the first check.
+    The job ends when every worker finished its third.
+(c) **antdt-tf**: ``python -m antdt_tf.launch --num_ps=1 --num_workers=3 --data=<file>
+    --eval_data= --records_per_shard=--records_per_shard --batch_size=... --audit
+    [--inject=slow:worker:2:x4@0s]`` as a subprocess (agents, master, PS, workers and
+    coordinator all real processes; the straggler is the agent's own CpuThrottle from
+    the first leased shard on). Dynamic sharding through the master.
+
+Definitions
+-----------
+* **JCT** — the training phase only, no process start-up, no TF import:
+  (a) and (b): every process first gets ready (chief: strategy, coordinator, variables
+  and per-worker dataset created; TF1 workers: graph built, session created), then the
+  driver starts the throttle and writes a "go" file; JCT = go -> the last record applied
+  ((a) ``join()`` returned; (b) the last worker's loop ended). It includes tracing of
+  the first step (as (c) does).
+  (c): the launcher's ``jct_seconds``: first shard leased -> coordinator done (includes
+  the audit read-out, < 0.1 s).
+* **records/s** = records trained / JCT ((a) trains ``ceil(N/B)*B`` records).
+* **per-worker rate** = records the worker trained / its busy time, where busy time =
+  training start -> the worker's last applied step, measured in the same run:
+  (a) a per-worker record count and ``tf.timestamp()`` of its last step kept on the PS
+  (updated by the step itself, worker index from
+  ``experimental_get_current_worker_index``); (b) each worker's own clock around its
+  loop; (c) the per-worker record counts the coordinator reports to the master's
+  ClusterMonitor (every 1 s), polled by this driver every 0.25 s: busy time = when the
+  worker's count last grew (so (c)'s busy times are ~1 s coarse; capped at JCT).
+* **ideal JCT** = records / sum of per-worker rates: how long the job would take if no
+  worker ever idled at its measured speed. JCT/ideal = 1 means no load-imbalance loss.
+* **coordinator CPU s** = CPU seconds (user+sys, all threads) of the coordinator during
+  the training phase: (a) the chief process, measured by itself (``time.process_time``)
+  across JCT; (c) ``psutil.Process(pid).cpu_times()`` of the ``antdt_tf.tf.coordinator``
+  process found in the launcher's process tree, sampled every 0.25 s, at the first
+  leased shard and the last sample before it exits; (b) has no coordinator: the number
+  given is the chief WORKER (task 0), which trains its own third (not comparable).
+
+All on one 2-core machine: the processes share the cores, so a throttled worker frees
+CPU for the others and absolute rates drift between runs (hence paired rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+NUM_WORKERS = 3
+
+
+# ---------------------------------------------------------------------------- helpers
+
+def _wait_file(path: pathlib.Path, timeout: float = 300.0, poll: float = 0.005) -> float:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout}s")
+        time.sleep(poll)
+    return time.time()
+
+
+def _touch(path: pathlib.Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(time.time()))
+    os.replace(tmp, path)
+
+
+def _audit(counts) -> dict:
+    import numpy as np
+
+    counts = np.asarray(counts)
+    return {"applied_0": int((counts == 0).sum()), "applied_1": int((counts == 1).sum()),
+            "applied_2plus": int((counts >= 2).sum())}
+
+
+def _read_whole(tf, var):
+    parts = getattr(var, "variables", None)
+    return (tf.concat([p.read_value() for p in parts], 0) if parts else var.read_value()).numpy()
+
+
+# ---------------------------------------------------------------------------- (a) chief
+
+def vanilla_chief(args) -> None:
+    """The chief of setup (a): TF tutorial-style PSS with a per-worker dataset."""
+    import tensorflow as tf
+
+    from antdt_tf.models.deepfm import DeepFM
+    from antdt_tf.data.records import HEADER_BYTES
+    from antdt_tf.tf.reader import RECORD_BYTES, decode_records
+
+    spec = json.loads(args.cluster)
+    sync = pathlib.Path(args.sync_dir)
+    n, b = args.records, args.batch_size
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=tf.distribute.experimental.partitioners.
+        MinSizePartitioner(min_shard_bytes=64 << 10, max_shards=len(spec["ps"])))
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    workers = len(spec["worker"])
+    with strategy.scope():
+        model = DeepFM(buckets=args.buckets, audit_records=n, learning_rate=args.learning_rate)
+        w_records = tf.Variable(tf.zeros([workers], tf.int64), trainable=False)
+        w_last = tf.Variable(tf.zeros([workers], tf.float64), trainable=False)
+    path = args.data
+
+    def dataset_fn():
+        # the same function on every worker: the whole file, shuffled, repeated
+        raw = tf.data.FixedLengthRecordDataset(path, RECORD_BYTES, header_bytes=HEADER_BYTES)
+        ids = tf.data.Dataset.range(n)
+        return (tf.data.Dataset.zip((raw, ids)).shuffle(args.shuffle_buffer).repeat()
+                .batch(b).prefetch(2))
+
+    per_worker = coordinator.create_per_worker_dataset(dataset_fn)
+    it = iter(per_worker)
+
+    @tf.function
+    def step(iterator):
+        def replica_fn(raw, ids):
+            model.train_step(decode_records(raw), ids)
+            w = tf.reshape(tf.cast(
+                tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64), [1])
+            w_records.scatter_add(tf.IndexedSlices(tf.shape(ids, out_type=tf.int64), w))
+            w_last.scatter_update(tf.IndexedSlices(tf.reshape(tf.timestamp(), [1]), w))
+        raw, ids = next(iterator)
+        strategy.run(replica_fn, args=(raw, ids))
+
+    steps = math.ceil(n / b)
+    _touch(sync / "ready_chief")
+    t_go = _wait_file(sync / "go")
+    cpu0 = time.process_time()
+    for _ in range(steps):
+        coordinator.schedule(step, args=(it,))
+    coordinator.join()
+    t_end = time.time()
+    cpu = time.process_time() - cpu0
+    result = {"t_go": t_go, "t_end": t_end, "coordinator_cpu": cpu, "steps": steps,
+              "records_per_worker": w_records.numpy().tolist(),
+              "last_step_time": w_last.numpy().tolist(),
+              "audit": _audit(_read_whole(tf, model.applied))}
+    pathlib.Path(args.result).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)   # ClusterCoordinator's teardown can linger; everything is written
+
+
+# ---------------------------------------------------------------------------- (b) TF1 worker
+
+def tf1_worker(args) -> None:
+    """One worker of setup (b): between-graph async PS training on a static third."""
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    from antdt_tf.models.deepfm import DeepFM
+    from antdt_tf.data.criteo import NUM_SPARSE
+    from antdt_tf.data.records import HEADER_BYTES
+    from antdt_tf.tf.reader import RECORD_BYTES, decode_records
+
+    spec = json.loads(args.cluster)
+    sync = pathlib.Path(args.sync_dir)
+    i, workers = args.index, len(spec["worker"])
+    n, b = args.records, args.batch_size
+    start = n * i // workers
+    length = n * (i + 1) // workers - start
+    cluster = tf.train.ClusterSpec(spec)
+    config = tf.compat.v1.ConfigProto(
+        device_filters=["/job:ps", f"/job:worker/task:{i}"], allow_soft_placement=True)
+    server = tf.distribute.Server(cluster, job_name="worker", task_index=i, config=config)
+    is_chief = i == 0
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+            worker_device=f"/job:worker/task:{i}", cluster=cluster)):
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        model = DeepFM(buckets=args.buckets, audit_records=n, learning_rate=args.learning_rate)
+        raw_ds = tf.data.FixedLengthRecordDataset(
+            args.data, RECORD_BYTES, header_bytes=HEADER_BYTES + start * RECORD_BYTES).take(length)
+        ds = tf.data.Dataset.zip((raw_ds, tf.data.Dataset.range(start, start + length))).batch(b)
+        raw, ids = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        batch = decode_records(raw)
+        # DeepFM.train_step's math as graph ops (same hash, gathers, loss and SGD update)
+        idx = model._hash(batch["sparse"])
+        flat = tf.reshape(idx, [-1])
+        rows = tf.shape(idx)[0]
+        dense_vars = [model.w1, model.b1, model.w2, model.bias]
+        emb_rows = tf.gather(model.embedding, flat)
+        lin_rows = tf.gather(model.linear, flat)
+        emb = tf.reshape(emb_rows, [rows, NUM_SPARSE, -1])
+        lin = tf.reshape(lin_rows, [rows, NUM_SPARSE, 1])
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+            labels=batch["label"], logits=model.logits(batch, emb, lin)))
+        grads = tf.gradients(loss, [emb_rows, lin_rows] + dense_vars)
+        lr = model.learning_rate
+        updates = [model.embedding.scatter_sub(tf.IndexedSlices(lr * grads[0], flat)),
+                   model.linear.scatter_sub(tf.IndexedSlices(lr * grads[1], flat))]
+        updates += [v.assign_sub(lr * g) for v, g in zip(dense_vars, grads[2:])]
+        updates.append(model.applied.scatter_add(tf.IndexedSlices(tf.ones_like(ids, tf.int32), ids)))
+        updates.append(global_step.assign_add(1))
+        train_op = tf.group(updates)
+        batch_rows = tf.shape(ids)[0]
+        applied_value = model.applied.read_value()
+
+    if not is_chief:   # the chief initializes first: no 30 s recovery wait for us
+        _wait_file(sync / "chief_initialized")
+    sess = tf.compat.v1.train.MonitoredTrainingSession(
+        master=server.target, is_chief=is_chief, config=config, checkpoint_dir=None,
+        save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
+        log_step_count_steps=0)
+    if is_chief:
+        _touch(sync / "chief_initialized")
+    _touch(sync / f"ready_{i}")
+    t_go = _wait_file(sync / "go")
+    cpu0 = time.process_time()
+    trained = 0
+    try:
+        while not sess.should_stop():
+            _, r = sess.run([train_op, batch_rows])
+            trained += int(r)
+    except tf.errors.OutOfRangeError:
+        pass   # our third is done (MonitoredSession re-raises it from run())
+    t_end = time.time()
+    cpu = time.process_time() - cpu0
+    result = {"t_go": t_go, "t_end": t_end, "cpu": cpu, "records": trained,
+              "start": start, "length": length}
+    if is_chief:   # audit after every worker is done (a plain session on the same server)
+        for j in range(1, workers):
+            _wait_file(sync / f"done_{j}", timeout=1800, poll=0.05)
+        with tf.compat.v1.Session(server.target, config=config) as s:
+            result["audit"] = _audit(s.run(applied_value))
+    pathlib.Path(args.result).write_text(json.dumps(result))
+    _touch(sync / f"done_{i}")
+    sys.stdout.flush()
+    os._exit(0)
+
+
+# ---------------------------------------------------------------------------- driver side
+
+def _env():
+    from antdt_tf.procutil import child_env
+
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return child_env(env)
+
+
+def _killpg(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _wait_all(paths, procs, timeout=300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        for p in procs:
+            if p.poll() is not None and p.returncode != 0:
+                raise RuntimeError(f"a process exited {p.returncode} before it was ready "
+                                   f"({' '.join(p.args[:4])}...)")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not ready within {timeout}s: {[str(p) for p in paths]}")
+        time.sleep(0.01)
+
+
+def _ideal(total: int, per_worker_records, busy) -> tuple[float, list[float]]:
+    rates = [r / t if t > 0 else 0.0 for r, t in zip(per_worker_records, busy)]
+    return total / sum(rates), rates
+
+
+def run_vanilla(work: pathlib.Path, args, straggler: bool) -> dict:
+    from antdt_tf.agent.throttle import CpuThrottle
+    from antdt_tf.tf.local_cluster import LocalCluster
+
+    sync = work / "sync"
+    sync.mkdir(parents=True)
+    result = work / "chief.json"
+    with LocalCluster(num_ps=1, num_workers=NUM_WORKERS, log_dir=work) as cluster:
+        cmd = [sys.executable, "-m", "benchmarks.compare_pss", "--role=vanilla_chief",
+               f"--cluster={cluster.spec_json}", f"--sync_dir={sync}", f"--result={result}",
+               *_model_flags(args)]
+        with open(work / "chief.log", "ab") as log:
+            chief = subprocess.Popen(cmd, env=_env(), start_new_session=True,
+                                     stdout=log, stderr=log)
+        throttle = None
+        try:
+            _wait_all([sync / "ready_chief"], [chief])
+            if straggler:
+                throttle = CpuThrottle(cluster.procs["worker", 2].pid, args.slowdown).start()
+            _touch(sync / "go")
+            chief.wait(timeout=1800)
+        finally:
+            if throttle is not None:
+                throttle.stop()
+            _killpg(chief)
+    if chief.returncode != 0:
+        raise RuntimeError(f"vanilla chief exited {chief.returncode}; see {work / 'chief.log'}")
+    r = json.loads(result.read_text())
+    jct = r["t_end"] - r["t_go"]
+    busy = [max(t - r["t_go"], 0.0) for t in r["last_step_time"]]
+    total = sum(r["records_per_worker"])
+    ideal, rates = _ideal(total, r["records_per_worker"], busy)
+    return {"jct": jct, "records": total, "ideal": ideal, "rates": rates,
+            "records_per_worker": r["records_per_worker"], "coord_cpu": r["coordinator_cpu"],
+            "audit": r["audit"]}
+
+
+def run_tf1(work: pathlib.Path, args, straggler: bool) -> dict:
+    from antdt_tf.agent.throttle import CpuThrottle
+    from antdt_tf.tf.local_cluster import LocalCluster, free_ports
+
+    sync = work / "sync"
+    sync.mkdir(parents=True)
+    cluster = LocalCluster(num_ps=1, num_workers=0, log_dir=work)
+    ports = free_ports(NUM_WORKERS)
+    cluster.spec = {"ps": cluster.spec["ps"], "worker": [f"127.0.0.1:{p}" for p in ports]}
+    workers: list[subprocess.Popen] = []
+    throttle = None
+    try:
+        cluster.start_task("ps", 0)
+        for i in range(NUM_WORKERS):
+            cmd = [sys.executable, "-m", "benchmarks.compare_pss", "--role=tf1_worker",
+                   f"--index={i}", f"--cluster={cluster.spec_json}", f"--sync_dir={sync}",
+                   f"--result={work / f'worker{i}.json'}", *_model_flags(args)]
+            with open(work / f"tf1_worker{i}.log", "ab") as log:
+                workers.append(subprocess.Popen(cmd, env=_env(), start_new_session=True,
+                                                stdout=log, stderr=log))
+        _wait_all([sync / f"ready_{i}" for i in range(NUM_WORKERS)], workers)
+        if straggler:
+            throttle = CpuThrottle(workers[2].pid, args.slowdown).start()
+        t_go = time.time()
+        _touch(sync / "go")
+        for w in workers:
+            w.wait(timeout=1800)
+    finally:
+        if throttle is not None:
+            throttle.stop()
+        for w in workers:
+            _killpg(w)
+        cluster.stop()
+    bad = [i for i, w in enumerate(workers) if w.returncode != 0]
+    if bad:
+        raise RuntimeError(f"TF1 workers {bad} failed; see {work}/tf1_worker*.log")
+    rs = [json.loads((work / f"worker{i}.json").read_text()) for i in range(NUM_WORKERS)]
+    jct = max(r["t_end"] for r in rs) - t_go
+    busy = [r["t_end"] - t_go for r in rs]
+    per = [r["records"] for r in rs]
+    ideal, rates = _ideal(sum(per), per, busy)
+    return {"jct": jct, "records": sum(per), "ideal": ideal, "rates": rates,
+            "records_per_worker": per, "coord_cpu": rs[0]["cpu"], "audit": rs[0]["audit"]}
+
+
+def _tree(pid: int):
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _find(procs, needle: str):
+    for p in procs:
+        try:
+            if any(needle in part for part in p.cmdline()):
+                return p
+        except Exception:  # gone or not readable: not ours to look at
+            continue
+    return None
+
+
+def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: int = 16) -> dict:
+    import psutil
+
+    from antdt_tf.errors import AntdtError
+    from antdt_tf.monitor.client import MonitorClient
+    from antdt_tf.sharding.client import ShardingClient
+
+    report = work / "report.json"
+    cmd = [sys.executable, "-m", "antdt_tf.launch", "--num_ps=1", f"--num_workers={NUM_WORKERS}",
+           f"--data={args.data}", "--eval_data=", f"--records_per_shard={args.records_per_shard}",
+           f"--batch_size={args.batch_size}", f"--buckets={args.buckets}",
+           f"--learning_rate={args.learning_rate}", "--audit", f"--report_json={report}",
+           f"--workdir={work / 'job'}", "--noprogress",
+           f"--checkpoint_every_shards={checkpoint_every}"]
+    if straggler:
+        cmd.append(f"--inject=slow:worker:2:x{args.slowdown:g}@0s")
+    with open(work / "launch.log", "ab") as log:
+        launcher = subprocess.Popen(cmd, env=_env(), start_new_session=True, stdout=log, stderr=log)
+    admin = monitor = None
+    coord = None
+    cpu_start = cpu_last = None
+    t_start = None
+    last_count = [0] * NUM_WORKERS
+    last_change = [0.0] * NUM_WORKERS
+    try:
+        deadline = time.monotonic() + 1800
+        while launcher.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError("antdt-launch did not finish")
+            time.sleep(0.25)
+            tree = _tree(launcher.pid)
+            if admin is None:
+                master = _find(tree, "antdt_tf.master")
+                if master is None:
+                    continue
+                port = next(a.split("=", 1)[1] for a in master.cmdline() if a.startswith("--port="))
+                admin = ShardingClient(f"127.0.0.1:{port}", timeout=2)
+                monitor = MonitorClient(f"127.0.0.1:{port}")
+            c = _find(tree, "antdt_tf.tf.coordinator")
+            if c is not None and (coord is None or c.pid != coord.pid):
+                coord = c   # (a relaunch would restart the count; none is injected here)
+            try:
+                if t_start is None:
+                    p = admin.progress("train").datasets[0]
+                    if p.doing_shards or p.done_shards or p.finished:
+                        t_start = time.monotonic()
+                if coord is not None:
+                    ct = coord.cpu_times()
+                    cpu_last = ct.user + ct.system
+                    if t_start is not None and cpu_start is None:
+                        cpu_start = cpu_last
+                if t_start is not None:
+                    now = time.monotonic() - t_start
+                    for w, st in enumerate(monitor.status().trainer.workers[:NUM_WORKERS]):
+                        if st.records > last_count[w]:
+                            last_count[w], last_change[w] = st.records, now
+            except (AntdtError, psutil.Error, IndexError, StopIteration):
+                pass   # master not up yet / coordinator just exited: next poll
+    finally:
+        _killpg(launcher)
+        for c in (admin, monitor):
+            if c is not None:
+                c.close()
+    if launcher.returncode != 0:
+        raise RuntimeError(f"antdt-launch exited {launcher.returncode}; see {work / 'launch.log'}")
+    r = json.loads(report.read_text())
+    jct = r["jct_seconds"]
+    per = r["records_per_worker"]
+    busy = [min(t, jct) if t > 0 else jct for t in last_change]
+    ideal, rates = _ideal(sum(per), per, busy)
+    audit = {k: r["audit"][k] for k in ("applied_0", "applied_1", "applied_2plus")}
+    return {"jct": jct, "records": sum(per), "ideal": ideal, "rates": rates,
+            "records_per_worker": per,
+            "coord_cpu": (cpu_last - cpu_start) if cpu_start is not None else float("nan"),
+            "audit": audit}
+
+
+SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
+          "b": ("(b) TF1 static thirds", run_tf1),
+          "c": ("(c) antdt-tf", run_antdt),
+          # diagnosis: (c) without its periodic shard-boundary checkpoints, which drain every
+          # closure in flight (so the fast workers wait for the straggler's current shard)
+          "d": ("(c') antdt-tf, no periodic ckpt",
+                lambda work, args, straggler: run_antdt(work, args, straggler, checkpoint_every=0))}
+
+
+def _model_flags(args) -> list[str]:
+    return [f"--data={args.data}", f"--records={args.records}", f"--batch_size={args.batch_size}",
+            f"--buckets={args.buckets}", f"--learning_rate={args.learning_rate}",
+            f"--shuffle_buffer={args.shuffle_buffer}"]
+
+
+def _med(runs, key):
+    return statistics.median(r[key] for r in runs)
+
+
+def write_results(args, results: dict, started: str) -> None:
+    from benchmarks.results_table import write_table
+
+    cmd = (f"python -m benchmarks.compare_pss --rounds={args.rounds} --records={args.records} "
+           f"--setups={args.setups} --out={args.out}")
+    lines = [
+        f"# vanilla TF2 PSS vs TF1 static sharding vs antdt-tf ({started}; 2 cores, 1 PS + 3 "
+        f"workers, DeepFM {args.buckets:,} buckets, SGD lr {args.learning_rate:g}, "
+        f"{args.records:,} records, batch {args.batch_size}, antdt shards of "
+        f"{args.records_per_shard:,}; straggler = worker 2 slowed {args.slowdown:g}x by "
+        f"CpuThrottle; {args.rounds} paired round(s), medians)",
+        "",
+        "Definitions (see the module docstring of `benchmarks/compare_pss.py`): JCT = training "
+        "phase only (all processes ready -> last record applied; antdt-tf: first shard leased "
+        "-> done); ideal = records / sum of per-worker rates (records the worker trained / "
+        "training start -> its last step) measured in the same run; coordinator CPU = CPU "
+        "seconds of the chief/coordinator process during training ((b) has no coordinator: "
+        "the number is the chief *worker*, which also trains its third).",
+        "",
+        "| setup | straggler | JCT (s) | records/s | ideal JCT (s) | JCT / ideal | "
+        "coordinator CPU (s) | records per worker | applied 0 / 1 / 2+ times |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for (key, straggler), runs in results.items():
+        if not runs:
+            continue
+        name = SETUPS[key][0]
+        per = [int(statistics.median(r["records_per_worker"][w] for r in runs))
+               for w in range(NUM_WORKERS)]
+        aud = runs[len(runs) // 2]["audit"]
+        ratio = statistics.median(r["jct"] / r["ideal"] for r in runs)
+        rps = statistics.median(r["records"] / r["jct"] for r in runs)
+        lines.append(
+            f"| {name} | {'worker 2 x' + format(args.slowdown, 'g') if straggler else 'none'} | "
+            f"{_med(runs, 'jct'):.2f} | {rps:,.0f} | {_med(runs, 'ideal'):.2f} | {ratio:.2f} | "
+            f"{_med(runs, 'coord_cpu'):.2f}{' (chief worker)' if key == 'b' else ''} | "
+            f"{' / '.join(f'{x:,}' for x in per)} | "
+            f"{aud['applied_0']:,} / {aud['applied_1']:,} / {aud['applied_2plus']:,} |")
+    lines.append("")
+
+    def med_jct(k, s):
+        return _med(results[k, s], "jct") if results.get((k, s)) else float("nan")
+
+    def med_rps(k, s):
+        runs = results.get((k, s))
+        return statistics.median(r["records"] / r["jct"] for r in runs) if runs else float("nan")
+
+    ratio_lines = [
+        f"- JCT (c)/(b) with the straggler: {med_jct('c', True) / med_jct('b', True):.2f} "
+        f"(JCT (c)/(a) with the straggler: {med_jct('c', True) / med_jct('a', True):.2f})",
+        f"- (c) throughput without straggler vs (a): {med_rps('c', False) / med_rps('a', False):.2f}x, "
+        f"vs (b): {med_rps('c', False) / med_rps('b', False):.2f}x",
+        f"- straggler slowdown of JCT (with / without): (a) "
+        f"{med_jct('a', True) / med_jct('a', False):.2f}, (b) "
+        f"{med_jct('b', True) / med_jct('b', False):.2f}, (c) "
+        f"{med_jct('c', True) / med_jct('c', False):.2f}"]
+    if set("abc") <= set(args.setups):
+        lines += ratio_lines
+    if set("cd") <= set(args.setups):
+        lines.append(f"- JCT (c)/(c') with the straggler: "
+                     f"{med_jct('c', True) / med_jct('d', True):.2f}, without: "
+                     f"{med_jct('c', False) / med_jct('d', False):.2f}")
+    lines += [
+        "",
+        f"Per run (JCT s): " + "; ".join(
+            f"{k}{'+s' if s else ''}: " + ", ".join(
+                f"{r['jct']:.1f} (load {r['load'][0]:.0f}->{r['load'][1]:.0f})" for r in runs)
+            for (k, s), runs in results.items() if runs),
+        "",
+        f"Reproduce: `{cmd}` (or `make bench-compare`).",
+    ]
+    write_table(args.out, lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--records", type=int, default=120_000)
+    ap.add_argument("--batch_size", type=int, default=256)
+    ap.add_argument("--buckets", type=int, default=1 << 16)
+    ap.add_argument("--learning_rate", type=float, default=0.2)
+    ap.add_argument("--records_per_shard", type=int, default=2048)
+    ap.add_argument("--shuffle_buffer", type=int, default=10_000)
+    ap.add_argument("--slowdown", type=float, default=4.0)
+    ap.add_argument("--setups", default="abc", help="which setups to run, e.g. 'ac'")
+    ap.add_argument("--out", default="benchmarks/results/compare_pss.md")
+    ap.add_argument("--workdir", default="", help="default: a new temp dir (kept)")
+    # internal: the processes this benchmark starts
+    ap.add_argument("--role", default="driver", choices=["driver", "vanilla_chief", "tf1_worker"])
+    ap.add_argument("--data", default="")
+    ap.add_argument("--cluster", default="")
+    ap.add_argument("--index", type=int, default=0)
+    ap.add_argument("--sync_dir", default="")
+    ap.add_argument("--result", default="")
+    args = ap.parse_args()
+    if args.role == "vanilla_chief":
+        return vanilla_chief(args)
+    if args.role == "tf1_worker":
+        return tf1_worker(args)
+
+    from antdt_tf.data import criteo, records
+
+    work = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="antdt-compare-"))
+    work.mkdir(parents=True, exist_ok=True)
+    args.data = str(work / "train.adtr")
+    records.write_records(args.data, criteo.generate(criteo.SyntheticSpec(args.records, seed=1)))
+    print(f"data: {args.data} ({args.records:,} records); work dir {work}", flush=True)
+    started = time.strftime("%Y-%m-%d")
+    results = {(k, s): [] for s in (False, True) for k in args.setups}
+    for rnd in range(args.rounds):
+        for straggler in (False, True):
+            for key in args.setups:
+                run_dir = work / f"r{rnd}-{key}-{'slow' if straggler else 'none'}"
+                run_dir.mkdir()
+                t = time.monotonic()
+                load0 = os.getloadavg()[0]
+                r = SETUPS[key][1](run_dir, args, straggler)
+                r["load"] = (load0, os.getloadavg()[0])   # 1-min load average before / after
+                results[key, straggler].append(r)
+                print(f"round {rnd} {SETUPS[key][0]:<24} straggler={straggler!s:<5} "
+                      f"JCT {r['jct']:6.2f} s ideal {r['ideal']:6.2f} s "
+                      f"coord CPU {r['coord_cpu']:6.2f} s per worker {r['records_per_worker']} "
+                      f"audit {r['audit']} (wall {time.monotonic() - t:.0f} s, load avg "
+                      f"{r['load'][0]:.1f} -> {r['load'][1]:.1f})", flush=True)
+                (run_dir / "summary.json").write_text(json.dumps(r))
+    write_results(args, results, started)
+
+
+if __name__ == "__main__":
+    main()
