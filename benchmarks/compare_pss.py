@@ -29,7 +29,7 @@ Setups
     ``antdt-tf-server``; each worker is a process (``--role=tf1_worker``) running
     ``tf.compat.v1`` graph mode with its own in-process ``tf.distribute.Server``,
     ``replica_device_setter`` and an async ``MonitoredTrainingSession``, reading ONLY its
-    contiguous third of the records (``FixedLengthRecordDataset`` at the byte offset).
+    contiguous third of the records (the same seeking reader as antdt-tf).
     The graph is DeepFM itself (its variables, ``_hash`` and ``logits``) with the same SGD
     update written as graph ops (``tf.gradients`` + ``scatter_sub``/``assign_sub``) and
     the same audit counter. The 30 s ``recovery_wait_secs`` of non-chiefs is avoided:
@@ -128,8 +128,7 @@ def vanilla_chief(args) -> None:
     import tensorflow as tf
 
     from antdt_tf.models.deepfm import DeepFM
-    from antdt_tf.data.records import HEADER_BYTES
-    from antdt_tf.tf.reader import RECORD_BYTES, decode_records
+    from antdt_tf.tf.reader import decode_records, records_from  # noqa: F401
 
     spec = json.loads(args.cluster)
     sync = pathlib.Path(args.sync_dir)
@@ -149,7 +148,7 @@ def vanilla_chief(args) -> None:
 
     def dataset_fn():
         # the same function on every worker: the whole file, shuffled, repeated
-        raw = tf.data.FixedLengthRecordDataset(path, RECORD_BYTES, header_bytes=HEADER_BYTES)
+        raw = tf.data.TFRecordDataset(path).skip(1)   # record 0 is the .adtr header
         ids = tf.data.Dataset.range(n)
         return (tf.data.Dataset.zip((raw, ids)).shuffle(args.shuffle_buffer).repeat()
                 .batch(b).prefetch(2))
@@ -195,8 +194,7 @@ def tf1_worker(args) -> None:
     tf.compat.v1.disable_eager_execution()
     from antdt_tf.models.deepfm import DeepFM
     from antdt_tf.data.criteo import NUM_SPARSE
-    from antdt_tf.data.records import HEADER_BYTES
-    from antdt_tf.tf.reader import RECORD_BYTES, decode_records
+    from antdt_tf.tf.reader import decode_records, records_from  # noqa: F401
 
     spec = json.loads(args.cluster)
     sync = pathlib.Path(args.sync_dir)
@@ -213,8 +211,7 @@ def tf1_worker(args) -> None:
             worker_device=f"/job:worker/task:{i}", cluster=cluster)):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         model = DeepFM(buckets=args.buckets, audit_records=n, learning_rate=args.learning_rate)
-        raw_ds = tf.data.FixedLengthRecordDataset(
-            args.data, RECORD_BYTES, header_bytes=HEADER_BYTES + start * RECORD_BYTES).take(length)
+        raw_ds = records_from(args.data, start).take(length)   # the same seek as antdt-tf
         ds = tf.data.Dataset.zip((raw_ds, tf.data.Dataset.range(start, start + length))).batch(b)
         raw, ids = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
         batch = decode_records(raw)
@@ -411,7 +408,7 @@ def _find(procs, needle: str):
     return None
 
 
-def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: int = 16) -> dict:
+def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float = 10.0) -> dict:
     import psutil
 
     from antdt_tf.errors import AntdtError
@@ -424,7 +421,7 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: int =
            f"--batch_size={args.batch_size}", f"--buckets={args.buckets}",
            f"--learning_rate={args.learning_rate}", "--audit", f"--report_json={report}",
            f"--workdir={work / 'job'}", "--noprogress",
-           f"--checkpoint_every_shards={checkpoint_every}"]
+           f"--checkpoint_every_seconds={checkpoint_every}"]
     if straggler:
         cmd.append(f"--inject=slow:worker:2:x{args.slowdown:g}@0s")
     with open(work / "launch.log", "ab") as log:
@@ -491,8 +488,8 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: int =
 SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
           "b": ("(b) TF1 static thirds", run_tf1),
           "c": ("(c) antdt-tf", run_antdt),
-          # diagnosis: (c) without its periodic shard-boundary checkpoints, which drain every
-          # closure in flight (so the fast workers wait for the straggler's current shard)
+          # diagnosis: (c) without its periodic checkpoints, which drain every closure in
+          # flight (so the fast workers wait for the straggler's current closure)
           "d": ("(c') antdt-tf, no periodic ckpt",
                 lambda work, args, straggler: run_antdt(work, args, straggler, checkpoint_every=0))}
 

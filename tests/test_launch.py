@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
 
 
-def launch(tmp_path, *injections, records=24_000):
+def launch(tmp_path, *injections, records=60_000):
     report = tmp_path / "report.json"
     cmd = [LAUNCH_BIN, "--num_ps=1", "--num_workers=2", "--num_hosts=2",
            f"--generate_records={records}", "--eval_records=4000", "--records_per_shard=512",
@@ -36,7 +36,7 @@ def check_complete(report, kills):
 
 def test_worker_kill_master_kill_and_a_straggler(tmp_path):
     report, out = launch(tmp_path, "slow:worker:1:x3@0s-4s", "kill:worker:0@1s",
-                         "kill:master@2s")
+                         "kill:master@1.5s")
     check_complete(report, kills=2)
     failed = {ev["task"] for ev in report["failures"]}
     assert failed == {"worker:0", "master:0"}

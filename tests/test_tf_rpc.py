@@ -45,7 +45,7 @@ def test_open_next_report_end_with_tf_ops(master):
     leases = []
     while True:
         status, lease, shard, epoch, path, file_start, start, length = call(
-            master, "antdt.next", [tf.constant("d"), c64(3), c64(inc)],
+            master, "antdt.next", [tf.constant("d"), c64(3), c64(inc), c64(len(leases) + 1)],
             [I32, I64, I64, I32, STR, I64, I64, I64])
         if status != pull.STATUS_SHARD:
             break
@@ -65,7 +65,7 @@ def test_open_next_report_end_with_tf_ops(master):
                                       c64([length])], [I64])
     progress = master.call(master.servicer.state.progress, "d").datasets[0]
     assert progress.finished and progress.records_done_total == 250
-    status, *_ = call(master, "antdt.next", [tf.constant("d"), c64(3), c64(inc)],
+    status, *_ = call(master, "antdt.next", [tf.constant("d"), c64(3), c64(inc), c64(99)],
                       [I32, I64, I64, I32, STR, I64, I64, I64])
     assert status == pull.STATUS_END
 
@@ -73,13 +73,15 @@ def test_open_next_report_end_with_tf_ops(master):
 def test_a_new_incarnation_takes_back_the_old_ones_leases(master):
     nxt = [I32, I64, I64, I32, STR, I64, I64, I64]
     (old,) = call(master, "antdt.open", [tf.constant("d"), c64(0)], [I64])
-    first = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(old)], nxt)
+    first = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(old), c64(1)], nxt)
+    retried = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(old), c64(1)], nxt)
+    assert retried[1] == first[1]          # same request id: the same lease, not a second
     call(master, "antdt.report", [tf.constant("d"), c64(0), c64(old), c64([first[1]]),
                                   c64([first[2]]), tf.constant([first[3]], tf.int32),
                                   c64([30])], [I64])
     (new,) = call(master, "antdt.open", [tf.constant("d"), c64(0)], [I64])
     assert new > old
-    again = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(new)], nxt)
+    again = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(new), c64(1)], nxt)
     # the same shard again, resuming after the 30 records the old incarnation applied
     assert again[2] == first[2] and again[6] == first[6] + 30 and again[7] == first[7] - 30
     (rejected,) = call(master, "antdt.report", [

@@ -10,9 +10,10 @@ no bridge process. Each worker's input pipeline (``antdt_tf.tf.pull``) calls:
     A new incarnation of task ``worker:<i>`` for a new per-worker iterator (e.g. after
     the worker restarted). Its first ``antdt.next`` replaces the old incarnation, whose
     leases go back to TODO from their reported offsets.
-``antdt.next(dataset, worker, incarnation) -> (status: int32, lease, shard: int64,
-epoch: int32, file: string, file_start, start, length: int64)``
-    The next lease. Long-polls up to ``wait_seconds`` while every remaining shard is
+``antdt.next(dataset, worker, incarnation, request: int64) -> (status: int32, lease,
+shard: int64, epoch: int32, file: string, file_start, start, length: int64)``
+    The next lease. ``request`` (> 0, unique per incarnation) makes a retried call
+    return the same lease instead of a second one. Long-polls up to ``wait_seconds`` while every remaining shard is
     leased elsewhere (status 2 = WAIT: ask again); 1 = SHARD; 3 = END.
 ``antdt.report(dataset, worker, incarnation, leases: int64[], shards: int64[],
 epochs: int32[], applied: int64[]) -> rejected: int64``
@@ -124,13 +125,16 @@ class TfRpcServicer:
         return tpb.TfCallResponse(output_tensors=[_i64(incarnation)])
 
     async def next(self, req) -> tpb.TfCallResponse:
-        dataset_t, worker_t, inc_t = self._args(req, 3)
+        dataset_t, worker_t, inc_t, request_t = self._args(req, 4)
         dataset = _scalar(dataset_t, tpb.DT_STRING, "dataset")
         task = self._task(_scalar(worker_t, tpb.DT_INT64, "worker"),
                           _scalar(inc_t, tpb.DT_INT64, "incarnation"))
+        request_id = _scalar(request_t, tpb.DT_INT64, "request")
+        if request_id <= 0:
+            raise InvalidRequest(f"request must be > 0, got {request_id}")
         deadline = time.monotonic() + self.wait_seconds
         while True:
-            resp = self.state.get_shard(dataset, task)
+            resp = self.state.get_shard(dataset, task, request_id)
             self.sharding.after_call()
             if resp.status != pb.GetShardResponse.WAIT or time.monotonic() >= deadline:
                 break
@@ -156,7 +160,8 @@ class TfRpcServicer:
         rejected = 0
         for lease, shard, epoch, n in zip(leases, shards, epochs, applied):
             length = self.state.lease_length(dataset, lease)
-            outcome = (pb.ReportShardRequest.DONE if length is not None and n == length
+            # not active: a retried DONE answers DUPLICATE, anything else is rejected
+            outcome = (pb.ReportShardRequest.DONE if length is None or n == length
                        else pb.ReportShardRequest.PROGRESS)
             try:
                 self.state.report_shard(pb.ReportShardRequest(

@@ -48,14 +48,49 @@ def _client(master: str, timeout_ms: int, role: str):
     return client
 
 
-def _call(client, method: str, args, tout, timeout_ms: int):
-    future, deleter = _rpc.rpc_call(client=client, method_name=method, args=args,
-                                    timeout_in_ms=timeout_ms)
-    values = _rpc.rpc_get_value(status_or=future, Tout=tout)
-    with tf.control_dependencies(values):
-        done = _rpc.delete_rpc_future_resource(handle=future, deleter=deleter)
-    with tf.control_dependencies([done]):
-        return [tf.identity(v) for v in values]
+# gRPC codes worth another attempt: the master restarting (a call in flight when it
+# died fails with INTERNAL "connection reset"; a call made while it is down waits for it,
+# up to the timeout). Application errors (NOT_FOUND, INVALID_ARGUMENT, ...) are raised.
+_RETRYABLE = (4, 13, 14)   # DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE
+
+
+def _call(client, method: str, args, tout, timeout_ms: int, attempts: int = 6):
+    """One RPC to the master from a TF graph, retried on transport errors (every method
+    is idempotent: ``next`` carries a request id, reports are absolute). Raises the
+    master's error (as the matching ``tf.errors`` type) if it does not succeed."""
+    def zeros():
+        return [tf.constant("" if t == tf.string else 0, t) for t in tout]
+
+    def attempt(i, code, *values):
+        future, deleter = _rpc.rpc_call(client=client, method_name=method, args=args,
+                                        timeout_in_ms=timeout_ms)
+        code, _ = _rpc.rpc_check_status(status_or=future)
+        code = tf.reshape(code, [])
+        values = tf.cond(tf.equal(code, 0),
+                         lambda: [tf.reshape(v, []) for v in
+                                  _rpc.rpc_get_value(status_or=future, Tout=tout)], zeros)
+        with tf.control_dependencies(values):
+            done = _rpc.delete_rpc_future_resource(handle=future, deleter=deleter)
+        with tf.control_dependencies([done]):
+            return [i + 1, tf.identity(code)] + [tf.identity(v) for v in values]
+
+    def again(i, code, *values):
+        retryable = tf.reduce_any(tf.equal(code, tf.constant(_RETRYABLE, tf.int64)))
+        return tf.logical_and(i < attempts, tf.logical_or(code < 0, retryable))
+
+    out = tf.while_loop(again, attempt, [tf.constant(0), tf.constant(-1, tf.int64)] + zeros())
+    code, values = out[1], list(out[2:])
+
+    def raise_error():   # one more call, whose value op raises the master's error
+        future, deleter = _rpc.rpc_call(client=client, method_name=method, args=args,
+                                        timeout_in_ms=timeout_ms)
+        vals = _rpc.rpc_get_value(status_or=future, Tout=tout)
+        with tf.control_dependencies(vals):
+            done = _rpc.delete_rpc_future_resource(handle=future, deleter=deleter)
+        with tf.control_dependencies([done]):
+            return [tf.reshape(tf.identity(v), []) for v in vals]
+
+    return tf.cond(tf.equal(code, 0), lambda: values, raise_error)
 
 
 def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
@@ -75,9 +110,10 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     client = _client(master, timeout_ms, "pull")
     (incarnation,) = _call(client, "antdt.open", [name, worker], [tf.int64], timeout_ms)
 
-    def next_lease(_):
+    def next_lease(i):
+        # request id i + 1 (unique in this incarnation): a retried call gets the same lease
         status, lease, shard, epoch, path, file_start, start, length = _call(
-            client, "antdt.next", [name, worker, incarnation], _NEXT_TYPES, timeout_ms)
+            client, "antdt.next", [name, worker, incarnation, i + 1], _NEXT_TYPES, timeout_ms)
         return {"status": status, "lease": lease, "shard": shard, "epoch": epoch,
                 "path": path, "file_start": file_start, "start": start, "length": length}
 
