@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.antdt-installed
 
-.PHONY: install test test-fast demo demo-sharding bench bench-compare protos bazel-test clean
+.PHONY: install test test-fast demo demo-sharding bench bench-shard-cost bench-compare protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench: $(STAMP)
 
 # Vanilla TF2 PSS vs TF1 static sharding vs antdt-tf, with and without a 4x straggler
 # (1 PS + 3 workers each, real processes; a few minutes per round).
+bench-shard-cost: $(STAMP)
+	$(PY) -m benchmarks.pss_shard_cost --rounds=3 --out benchmarks/results/pss_shard_cost.md
+
 bench-compare: $(STAMP)
 	$(PY) -m benchmarks.compare_pss --rounds=3 --out benchmarks/results/compare_pss.md
 
