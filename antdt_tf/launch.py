@@ -170,7 +170,9 @@ class LocalJob:
         self.events: list[dict] = []
         self.t0 = time.monotonic()        # coordinator first started
         self.train_t0: Optional[float] = None   # first shard leased: the injection clock
+        self.finished_at: Optional[float] = None  # the master first said every epoch done
         self.startup_seconds = 0.0
+        self.train_started_unix = 0.0
         self.restarts: dict[tuple[str, int], int] = {}
         self.pending_faults: list[dict] = []  # failures waiting for training to resume
         self.coordinator_report_path = cfg.workdir / "coordinator_report.json"
@@ -288,6 +290,7 @@ class LocalJob:
                     raise TimeoutError(f"the job did not finish within {cfg.timeout_seconds:g}s")
                 if self.train_t0 is None and progress.started:
                     self.train_t0 = time.monotonic()
+                    self.train_started_unix = time.time()
                     self.startup_seconds = self.train_t0 - self.t0
                     self._event("training started (first shard leased); injection clock starts")
                 now = time.monotonic() - (self.train_t0 or float("inf"))
@@ -308,10 +311,12 @@ class LocalJob:
                     if status.state != status.RUNNING:
                         self._recover(key, status, statuses)
                 records = progress.update()
+                if self.finished_at is None and progress.finished:
+                    self.finished_at = time.monotonic()
                 for fault in [f for f in self.pending_faults if records > f["records_before"]]:
                     fault["resumed_after_s"] = round(time.monotonic() - self.t0 - fault["t"], 2)
                     self.pending_faults.remove(fault)
-                time.sleep(0.25)
+                time.sleep(0.1)
         finally:
             progress.close()
             self._progress = None
@@ -384,14 +389,16 @@ class LocalJob:
 
     def _report(self) -> dict:
         cfg = self.cfg
-        jct = time.monotonic() - (self.train_t0 or self.t0)
+        end = self.finished_at or time.monotonic()
+        jct = end - (self.train_t0 or self.t0)
         coord = json.loads(self.coordinator_report_path.read_text())
         total = self.num_records * cfg.epochs
         for ev in self.events:
             ev.pop("records_before", None)
         report = {
-            "jct_seconds": round(jct, 2),   # first shard leased -> coordinator done
+            "jct_seconds": round(jct, 2),   # first shard leased -> every record applied
             "startup_seconds": round(self.startup_seconds, 2),
+            "train_started_unix": self.train_started_unix,
             "records": total,
             "records_per_second": round(total / jct, 1),
             "num_ps": cfg.num_ps, "num_workers": cfg.num_workers, "num_hosts": cfg.num_hosts,
@@ -458,6 +465,7 @@ class _ProgressLine:
         self.plain_every = plain_every
         self.first_progress: Optional[tuple[float, int]] = None
         self.started = False
+        self.finished = False
 
     def write(self, text: str) -> None:
         if self.tty:
@@ -466,7 +474,7 @@ class _ProgressLine:
             print(text, file=sys.stderr, flush=True)
 
     def update(self, final: bool = False) -> int:
-        if not final and time.monotonic() - self.last < 0.5:
+        if not final and time.monotonic() - self.last < 0.1:
             return self.records
         self.last = now = time.monotonic()
         try:
@@ -477,6 +485,7 @@ class _ProgressLine:
             return self.records    # master restarting: keep the last numbers
         self.started = self.started or bool(p.doing_shards or p.done_shards or p.epoch
                                             or p.finished)
+        self.finished = p.finished
         total_shards = p.shards_per_epoch * p.num_epochs
         shards = total_shards if p.finished else p.shards_per_epoch * p.epoch + p.done_shards
         per_worker = [w.records for w in status.trainer.workers] or [

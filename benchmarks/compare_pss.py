@@ -50,8 +50,9 @@ Definitions
   driver starts the throttle and writes a "go" file; JCT = go -> the last record applied
   ((a) ``join()`` returned; (b) the last worker's loop ended). It includes tracing of
   the first step (as (c) does).
-  (c): the launcher's ``jct_seconds``: first shard leased -> coordinator done (includes
-  the audit read-out, < 0.1 s).
+  (c): the launcher's ``jct_seconds``: the first shard leased -> the master first
+  reports every record applied (both seen by the launcher polling every 100 ms); like
+  (a) and (b) it includes tracing of the first step, not process start-up.
 * **records/s** = records trained / JCT ((a) trains ``ceil(N/B)*B`` records).
 * **per-worker rate** = records the worker trained / its busy time, where busy time =
   training start -> the worker's last applied step, measured in the same run:
@@ -437,7 +438,7 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
         while launcher.poll() is None:
             if time.monotonic() > deadline:
                 raise TimeoutError("antdt-launch did not finish")
-            time.sleep(0.25)
+            time.sleep(0.5)
             tree = _tree(launcher.pid)
             if admin is None:
                 master = _find(tree, "antdt_tf.master")
@@ -476,6 +477,10 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
     r = json.loads(report.read_text())
     jct = r["jct_seconds"]
     per = r["records_per_worker"]
+    last_steps = r["coordinator"].get("worker_last_step_unix") or []
+    if last_steps and r.get("train_started_unix"):
+        # each worker's own clock at its last step (a PS variable the step updates)
+        last_change = [t - r["train_started_unix"] if t > 0 else 0.0 for t in last_steps]
     busy = [min(t, jct) if t > 0 else jct for t in last_change]
     ideal, rates = _ideal(sum(per), per, busy)
     audit = {k: r["audit"][k] for k in ("applied_0", "applied_1", "applied_2plus")}
@@ -517,8 +522,8 @@ def write_results(args, results: dict, started: str) -> None:
         f"CpuThrottle; {args.rounds} paired round(s), medians)",
         "",
         "Definitions (see the module docstring of `benchmarks/compare_pss.py`): JCT = training "
-        "phase only (all processes ready -> last record applied; antdt-tf: first shard leased "
-        "-> done); ideal = records / sum of per-worker rates (records the worker trained / "
+        "phase only (all processes ready -> last record applied; antdt-tf: first shard "
+        "leased -> the master reports every record applied); ideal = records / sum of per-worker rates (records the worker trained / "
         "training start -> its last step) measured in the same run; coordinator CPU = CPU "
         "seconds of the chief/coordinator process during training ((b) has no coordinator: "
         "the number is the chief *worker*, which also trains its third).",

@@ -46,11 +46,12 @@ def test_worker_kill_master_kill_and_a_straggler(tmp_path):
 
 
 def test_ps_kill_relaunches_the_coordinator_from_the_checkpoint(tmp_path):
-    report, _ = launch(tmp_path, "kill:ps:0@1s")
+    report, _ = launch(tmp_path, "slow:ps:0:x2@0s-1s", "kill:ps:0@1s")
     check_complete(report, kills=1)
     assert report["restarts"]["ps:0"] == 1
     assert report["restarts"]["chief:0"] >= 1          # it exited 75 and was relaunched
     assert report["coordinator"]["restored_from"]       # ... and restored a checkpoint
+    assert any("slow ps:0 x2" in ev["event"] for ev in report["events"])
 
 
 def test_coordinator_kill_is_relaunched_and_resumes(tmp_path):

@@ -127,7 +127,8 @@ def main(argv):
         _leave(1, f"training failed: {type(e).__name__}: {e}")
     report.update(records=result.records, shards=result.shards, seconds=result.seconds,
                   shards_per_worker=result.shards_per_worker,
-                  records_per_worker=result.records_per_worker)
+                  records_per_worker=result.records_per_worker,
+                  worker_last_step_unix=getattr(result, "last_step_unix", []))
     if audit_records:
         counts = model.applied.numpy() if not hasattr(model.applied, "variables") else \
             tf.concat([v.read_value() for v in model.applied.variables], 0).numpy()

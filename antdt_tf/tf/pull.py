@@ -168,6 +168,7 @@ class PullResult:
     seconds: float
     shards_per_worker: list[int]
     records_per_worker: list[int]
+    last_step_unix: list[float] = dataclasses.field(default_factory=list)
 
 
 class PullTrainer:
@@ -207,6 +208,9 @@ class PullTrainer:
                                               trainable=False, name="antdt_worker_shards")
             self._worker_records = tf.Variable(tf.zeros([num_workers], tf.int64),
                                                trainable=False, name="antdt_worker_records")
+            # when each worker finished its latest step (its clock): busy time per worker
+            self._worker_last_step = tf.Variable(tf.zeros([num_workers], tf.float64),
+                                                 trainable=False, name="antdt_worker_last_step")
         self.counters = tf.train.Checkpoint(worker_shards=self._worker_shards,
                                             worker_records=self._worker_records)
         self._train = tf.function(self._train_fn)
@@ -224,6 +228,8 @@ class PullTrainer:
             records, finished = report_applied(self.master, self.dataset, meta)
             self._worker_records.scatter_add(tf.IndexedSlices(tf.reshape(records, [1]), worker))
             self._worker_shards.scatter_add(tf.IndexedSlices(tf.reshape(finished, [1]), worker))
+            self._worker_last_step.scatter_update(tf.IndexedSlices(
+                tf.reshape(tf.timestamp(), [1]), worker))
 
         for _ in tf.range(self.steps_per_closure):
             batch = iterator.get_next_as_optional()
@@ -282,4 +288,5 @@ class PullTrainer:
             self.on_progress(shards, records)
         p = self.progress_fn()
         return PullResult(int(p.records_done_total), int(sum(shards)),
-                          time.monotonic() - t0, shards, records)
+                          time.monotonic() - t0, shards, records,
+                          self._worker_last_step.numpy().tolist())
