@@ -221,21 +221,28 @@ class PullTrainer:
         worker = tf.reshape(tf.cast(
             tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64), [1])
 
-        def replica_fn(batch, worker):
+        def replica_fn(batch):
             meta = batch.pop("antdt")
             ids = batch.pop("record_id")
             self._step_fn(batch, ids)
-            records, finished = report_applied(self.master, self.dataset, meta)
-            self._worker_records.scatter_add(tf.IndexedSlices(tf.reshape(records, [1]), worker))
-            self._worker_shards.scatter_add(tf.IndexedSlices(tf.reshape(finished, [1]), worker))
-            self._worker_last_step.scatter_update(tf.IndexedSlices(
-                tf.reshape(tf.timestamp(), [1]), worker))
+            return report_applied(self.master, self.dataset, meta)
 
+        # per-worker counters: summed over the closure, written to the PS once at its end
+        # (three PS round trips per closure instead of per step)
+        records = tf.constant(0, tf.int64)
+        finished = tf.constant(0, tf.int64)
         for _ in tf.range(self.steps_per_closure):
             batch = iterator.get_next_as_optional()
             if not batch.has_value():
                 break
-            self.strategy.run(replica_fn, args=(batch.get_value(), worker))
+            n, done = self.strategy.run(replica_fn, args=(batch.get_value(),))
+            records += n
+            finished += done
+        if records > 0:
+            self._worker_records.scatter_add(tf.IndexedSlices(tf.reshape(records, [1]), worker))
+            self._worker_shards.scatter_add(tf.IndexedSlices(tf.reshape(finished, [1]), worker))
+            self._worker_last_step.scatter_update(tf.IndexedSlices(
+                tf.reshape(tf.timestamp(), [1]), worker))
         # no return value: fetching remote tensors from several threads crashed TF
 
     def worker_counts(self) -> tuple[list[int], list[int]]:
