@@ -28,3 +28,15 @@ def logloss(labels: np.ndarray, probabilities: np.ndarray) -> float:
     p = np.clip(np.asarray(probabilities, dtype=np.float64), 1e-7, 1 - 1e-7)
     y = np.asarray(labels, dtype=np.float64)
     return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
+
+
+def audit_summary(counts: np.ndarray, expected_times: int) -> dict:
+    """The audit report: how many records were applied 0, 1 and 2+ times, and how many
+    exactly ``expected_times`` (= epochs) or not."""
+    counts = np.asarray(counts)
+    return {"applied_0": int((counts == 0).sum()),
+            "applied_1": int((counts == 1).sum()),
+            "applied_2plus": int((counts >= 2).sum()),
+            "expected_times": int(expected_times),
+            "applied_expected": int((counts == expected_times).sum()),
+            "applied_other": int((counts != expected_times).sum())}

@@ -130,15 +130,13 @@ def main(argv):
                   records_per_worker=result.records_per_worker,
                   worker_last_step_unix=getattr(result, "last_step_unix", []))
     if audit_records:
-        counts = model.applied.numpy() if not hasattr(model.applied, "variables") else \
-            tf.concat([v.read_value() for v in model.applied.variables], 0).numpy()
+        from antdt_tf.tf.variables import full_value
+
+        counts = full_value(model.applied).numpy()
         expected = progress.num_epochs   # every record once per epoch
-        report["audit"] = {"applied_0": int((counts == 0).sum()),
-                           "applied_1": int((counts == 1).sum()),
-                           "applied_2plus": int((counts >= 2).sum()),
-                           "expected_times": expected,
-                           "applied_expected": int((counts == expected).sum()),
-                           "applied_other": int((counts != expected).sum())}
+        from antdt_tf.data.metrics import audit_summary
+
+        report["audit"] = audit_summary(counts, expected)
     if FLAGS.eval_data:
         report.update(evaluate(tf, model, FLAGS.eval_data))
     text = json.dumps(report)
@@ -158,17 +156,14 @@ def evaluate(tf, model, path: str, batch: int = 8192) -> dict:
     from antdt_tf.data.records import RecordFile
 
     from antdt_tf.models.deepfm import DeepFM
+    from antdt_tf.tf.variables import full_value
 
     # Evaluate a local copy: a tf.function over the PS-resident (sharded) variables,
     # called on the coordinator outside schedule(), gave chance-level predictions here
     # (TF 2.21), while the same weights copied out score as expected.
-    def value(v):
-        parts = getattr(v, "variables", None)
-        return tf.concat([p.read_value() for p in parts], 0) if parts else v.read_value()
-
     local = DeepFM(buckets=model.buckets)
     for name in ("embedding", "linear", "w1", "b1", "w2", "bias"):
-        getattr(local, name).assign(value(getattr(model, name)))
+        getattr(local, name).assign(full_value(getattr(model, name)))
     data = RecordFile(path)
     predict = tf.function(local.predict_logits)
     labels, scores = [], []

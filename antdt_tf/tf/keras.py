@@ -244,7 +244,6 @@ class ShardingCallback(keras.callbacks.Callback):
 
     def applied_counts(self):
         """Per record: how many times its gradient was applied (audit mode)."""
-        v = self.applied
-        parts = getattr(v, "variables", None)
-        return (tf.concat([p.read_value() for p in parts], 0) if parts
-                else v.read_value()).numpy()
+        from antdt_tf.tf.variables import full_value
+
+        return full_value(self.applied).numpy()

@@ -89,12 +89,9 @@ def main(argv):
     if FLAGS.audit:
         counts = sharding.applied_counts()
         expected = progress.num_epochs
-        report["audit"] = {"applied_0": int((counts == 0).sum()),
-                           "applied_1": int((counts == 1).sum()),
-                           "applied_2plus": int((counts >= 2).sum()),
-                           "expected_times": expected,
-                           "applied_expected": int((counts == expected).sum()),
-                           "applied_other": int((counts != expected).sum())}
+        from antdt_tf.data.metrics import audit_summary
+
+        report["audit"] = audit_summary(counts, expected)
     if FLAGS.eval_data:
         report.update(evaluate(tf, model, FLAGS.eval_data))
     text = json.dumps(report)
