@@ -204,15 +204,14 @@ class PullTrainer:
         self.progress_seconds = progress_seconds
         self._step_fn = step_fn
         with strategy.scope():
-            self._worker_shards = tf.Variable(tf.zeros([num_workers], tf.int64),
-                                              trainable=False, name="antdt_worker_shards")
-            self._worker_records = tf.Variable(tf.zeros([num_workers], tf.int64),
-                                               trainable=False, name="antdt_worker_records")
+            # per worker: [records trained, shards finished], updated with every step
+            # (one PS update per step; per closure would lose a killed closure's steps)
+            self._worker_counts = tf.Variable(tf.zeros([num_workers, 2], tf.int64),
+                                              trainable=False, name="antdt_worker_counts")
             # when each worker finished its latest step (its clock): busy time per worker
             self._worker_last_step = tf.Variable(tf.zeros([num_workers], tf.float64),
                                                  trainable=False, name="antdt_worker_last_step")
-        self.counters = tf.train.Checkpoint(worker_shards=self._worker_shards,
-                                            worker_records=self._worker_records)
+        self.counters = tf.train.Checkpoint(worker_counts=self._worker_counts)
         self._train = tf.function(self._train_fn)
 
     def _train_fn(self, iterator):
@@ -221,32 +220,29 @@ class PullTrainer:
         worker = tf.reshape(tf.cast(
             tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64), [1])
 
-        def replica_fn(batch):
+        def replica_fn(batch, worker):
             meta = batch.pop("antdt")
             ids = batch.pop("record_id")
             self._step_fn(batch, ids)
-            return report_applied(self.master, self.dataset, meta)
+            records, finished = report_applied(self.master, self.dataset, meta)
+            self._worker_counts.scatter_add(tf.IndexedSlices(
+                tf.reshape(tf.stack([records, finished]), [1, 2]), worker))
 
-        # per-worker counters: summed over the closure, written to the PS once at its end
-        # (three PS round trips per closure instead of per step)
-        records = tf.constant(0, tf.int64)
-        finished = tf.constant(0, tf.int64)
+        stepped = tf.constant(False)
         for _ in tf.range(self.steps_per_closure):
             batch = iterator.get_next_as_optional()
             if not batch.has_value():
                 break
-            n, done = self.strategy.run(replica_fn, args=(batch.get_value(),))
-            records += n
-            finished += done
-        if records > 0:
-            self._worker_records.scatter_add(tf.IndexedSlices(tf.reshape(records, [1]), worker))
-            self._worker_shards.scatter_add(tf.IndexedSlices(tf.reshape(finished, [1]), worker))
+            self.strategy.run(replica_fn, args=(batch.get_value(), worker))
+            stepped = tf.constant(True)
+        if stepped:   # when this worker finished a step last (its clock): busy time
             self._worker_last_step.scatter_update(tf.IndexedSlices(
                 tf.reshape(tf.timestamp(), [1]), worker))
         # no return value: fetching remote tensors from several threads crashed TF
 
     def worker_counts(self) -> tuple[list[int], list[int]]:
-        return self._worker_shards.numpy().tolist(), self._worker_records.numpy().tolist()
+        counts = self._worker_counts.numpy()
+        return counts[:, 1].tolist(), counts[:, 0].tolist()
 
     def train(self) -> PullResult:
         master, dataset, batch_size = self.master, self.dataset, self.batch_size
