@@ -400,6 +400,19 @@ class LocalJob:
         total = self.num_records * cfg.epochs
         for ev in self.events:
             ev.pop("records_before", None)
+        import psutil
+
+        cpu = {}   # CPU seconds of every process of the job (latest incarnation of each task)
+        try:
+            for (job, index), st in sorted(self._statuses().items()):
+                cpu[f"{job}:{index}"] = round(st.cpu_seconds, 2)
+            for h, proc in enumerate(self.agent_procs):
+                t = psutil.Process(proc.pid).cpu_times()
+                cpu[f"agent:host{h}"] = round(t.user + t.system, 2)
+            t = psutil.Process().cpu_times()
+            cpu["launcher"] = round(t.user + t.system, 2)
+        except (AntdtError, psutil.Error):
+            pass
         report = {
             "jct_seconds": round(jct, 2),   # first shard leased -> every record applied
             "startup_seconds": round(self.startup_seconds, 2),
@@ -416,6 +429,7 @@ class LocalJob:
             "failures": [ev for ev in self.events if "failure" in ev],
             "events": self.events,
             "restarts": {f"{j}:{i}": n for (j, i), n in self.restarts.items()},
+            "cpu_seconds": cpu,
             "coordinator": coord,
         }
         if "audit" in coord:
