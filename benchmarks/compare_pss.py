@@ -50,9 +50,9 @@ Definitions
   driver starts the throttle and writes a "go" file; JCT = go -> the last record applied
   ((a) ``join()`` returned; (b) the last worker's loop ended). It includes tracing of
   the first step (as (c) does).
-  (c): the launcher's ``jct_seconds``: the first shard leased -> the master first
-  reports every record applied (both seen by the launcher polling every 100 ms); like
-  (a) and (b) it includes tracing of the first step, not process start-up.
+  (c): the launcher's ``jct_seconds``: the first shard issued -> every record applied,
+  both times from the master's journal; like (a) and (b) it includes tracing of the
+  first step, not process start-up.
 * **records/s** = records trained / JCT ((a) trains ``ceil(N/B)*B`` records).
 * **per-worker rate** = records the worker trained / its busy time, where busy time =
   training start -> the worker's last applied step, measured in the same run:

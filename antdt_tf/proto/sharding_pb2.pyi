@@ -189,7 +189,7 @@ class GetProgressRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DatasetProgress(_message.Message):
-    __slots__ = ("name", "epoch", "num_epochs", "shards_per_epoch", "todo_shards", "doing_shards", "done_shards", "poisoned_shards", "records_per_epoch", "records_done_epoch", "records_done_total", "finished", "poisoned_shard_ids", "seconds_per_record")
+    __slots__ = ("name", "epoch", "num_epochs", "shards_per_epoch", "todo_shards", "doing_shards", "done_shards", "poisoned_shards", "records_per_epoch", "records_done_epoch", "records_done_total", "finished", "poisoned_shard_ids", "seconds_per_record", "started_unix", "finished_unix")
     NAME_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NUM_EPOCHS_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +204,8 @@ class DatasetProgress(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     POISONED_SHARD_IDS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_PER_RECORD_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_UNIX_FIELD_NUMBER: _ClassVar[int]
     name: str
     epoch: int
     num_epochs: int
@@ -218,7 +220,9 @@ class DatasetProgress(_message.Message):
     finished: bool
     poisoned_shard_ids: _containers.RepeatedScalarFieldContainer[int]
     seconds_per_record: float
-    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: _Optional[bool] = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ...) -> None: ...
+    started_unix: float
+    finished_unix: float
+    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: _Optional[bool] = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("task", "state", "shards_done", "records_done", "doing_shards", "failures", "seconds_per_record")

@@ -148,6 +148,10 @@ class _Run:
         self.records_done_epoch = 0
         self.records_done_total = 0
         self.seconds_per_record = 0.0
+        # when the first shard was issued / the last epoch finished (the master's clock,
+        # from the journal, so a replay gives the same); for JCT measurements
+        self.started_unix = 0.0
+        self.finished_unix = 0.0
 
     @property
     def finished(self) -> bool:
@@ -255,6 +259,7 @@ class ShardState:
                 records_per_epoch=run.plan.num_records,
                 records_done_epoch=run.records_done_epoch,
                 records_done_total=run.records_done_total, finished=run.finished,
+                started_unix=run.started_unix, finished_unix=run.finished_unix,
                 poisoned_shard_ids=sorted(run.poisoned)[:_MAX_POISONED_IDS],
                 seconds_per_record=run.seconds_per_record))
         for t in self._tasks.values():
@@ -499,9 +504,16 @@ class ShardState:
         if kind == "task_joined":
             return self._apply_task_joined(entry.task_joined, entry.time)
         if kind == "issue":
-            return self._apply_issue(entry.issue, entry.time)
+            lease = self._apply_issue(entry.issue, entry.time)
+            run = self._runs[entry.issue.dataset]
+            run.started_unix = run.started_unix or entry.time
+            return lease
         if kind == "settle":
-            return self._apply_settle(entry.settle, entry.time)
+            result = self._apply_settle(entry.settle, entry.time)
+            run = self._runs[entry.settle.dataset]
+            if run.finished and not run.finished_unix:
+                run.finished_unix = entry.time
+            return result
         if kind == "task_failed":
             t = self._tasks[f"{entry.task_failed.type}:{entry.task_failed.index}"]
             if entry.task_failed.incarnation > t.incarnation:
@@ -627,7 +639,9 @@ class ShardState:
             if old is not None:
                 for lease in old.doing.values():
                     self._tasks[lease.task_key].leases.discard(lease.lease_id)
-            self._runs[ds.spec.name] = self._run_from_state(ds, keep_doing=False, now=now)
+            run = self._runs[ds.spec.name] = self._run_from_state(ds, keep_doing=False, now=now)
+            if old is not None:   # the job started when it started, restores or not
+                run.started_unix = old.started_unix
         self._next_lease_id = max(self._next_lease_id, state.next_lease_id)
 
     def _run_from_state(self, ds: pb.DatasetState, keep_doing: bool, now: float) -> _Run:
