@@ -100,9 +100,12 @@ def test_coordinator_sigkill_restores_model_and_sharding_state_together(tmp_path
         killed = []
 
         def kill_coordinator(proc):
-            # after a boundary checkpoint beyond the initial one (ckpt-1) was written
+            # after a boundary checkpoint beyond the initial one (ckpt-1) was written and
+            # recorded as the latest (the index file comes before the manager's record)
+            ckpt = tmp_path / "ckpt"
             if (not killed and admin.progress("train").datasets[0].done_shards >= 4
-                    and (tmp_path / "ckpt" / "ckpt-2.index").exists()):
+                    and (ckpt / "checkpoint").exists()
+                    and not tf_latest_checkpoint(ckpt).endswith("ckpt-1")):
                 os.killpg(proc.pid, signal.SIGKILL)   # a process we started
                 killed.append(admin.progress("train").datasets[0].done_shards)
 
