@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import threading
+import time
 
 import grpc
 from absl import app, flags
@@ -148,6 +149,11 @@ def main(argv):
         reporter = _Reporter(FLAGS.master, FLAGS.host_name, address, lambda: supervisor,
                              FLAGS.report_seconds)
         reporter.thread.start()
+    # Signals only set a flag that the main thread polls: Event.set() in a handler can
+    # deadlock when the signal lands while the main thread holds that event's lock.
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.append(True))
     if FLAGS.port_file:
         tmp = f"{FLAGS.port_file}.tmp.{os.getpid()}"
         with open(tmp, "w") as f:
@@ -155,10 +161,8 @@ def main(argv):
         os.replace(tmp, FLAGS.port_file)
     log.info("serving antdt.v1.Agent on %s (pid %d), task logs in %s", address, os.getpid(),
              log_dir)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    while not stopping:
+        time.sleep(0.2)
     log.info("stopping: ending every task this agent started")
     health_servicer.enter_graceful_shutdown()
     supervisor.close()
