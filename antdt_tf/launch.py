@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -260,7 +259,6 @@ class LocalJob:
         from antdt_tf.monitor.client import MonitorClient
         from antdt_tf.sharding.client import ShardingClient
 
-        cfg = self.cfg
         try:
             self._start_agents()
             self.start_task("master", 0)

@@ -40,3 +40,29 @@ def audit_summary(counts: np.ndarray, expected_times: int) -> dict:
             "expected_times": int(expected_times),
             "applied_expected": int((counts == expected_times).sum()),
             "applied_other": int((counts != expected_times).sum())}
+
+
+def evaluate_file(path: str, predict, batch: int = 8192) -> dict:
+    """AUC and logloss of ``predict(batch) -> click probabilities`` over a record file
+    (``antdt_tf.data.records``), read in blocks of ``batch`` records."""
+    from antdt_tf.data.records import RecordFile
+
+    data = RecordFile(path)
+    labels, scores = [], []
+    for start in range(0, data.num_records, batch):
+        b = data.read(start, min(batch, data.num_records - start))
+        labels.append(b.label)
+        scores.append(np.asarray(predict(b), dtype=np.float64).reshape(-1))
+    y, p = np.concatenate(labels), np.concatenate(scores)
+    return {"eval_records": int(len(y)), "auc": auc(y, p), "logloss": logloss(y, p)}
+
+
+def write_report(report: dict, path: str = "") -> None:
+    """Prints the JSON report (stdout) and writes it to ``path`` if given."""
+    import json
+
+    text = json.dumps(report)
+    print(text, flush=True)
+    if path:
+        with open(path, "w") as f:
+            f.write(text)

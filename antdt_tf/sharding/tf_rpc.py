@@ -33,7 +33,6 @@ import array
 import asyncio
 import logging
 import time
-from typing import Optional
 
 import grpc
 

@@ -16,10 +16,8 @@ it is back, the checkpoint restores model and sharding state; 1 any other failur
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import sys
 import time
 
 from absl import app, flags
@@ -139,11 +137,9 @@ def main(argv):
         report["audit"] = audit_summary(counts, expected)
     if FLAGS.eval_data:
         report.update(evaluate(tf, model, FLAGS.eval_data))
-    text = json.dumps(report)
-    print(text, flush=True)
-    if FLAGS.report_json:
-        with open(FLAGS.report_json, "w") as f:
-            f.write(text)
+    from antdt_tf.data.metrics import write_report
+
+    write_report(report, FLAGS.report_json)
     _leave(0)
 
 
@@ -152,9 +148,7 @@ def evaluate(tf, model, path: str, batch: int = 8192) -> dict:
     model's variables read from the PS."""
     import numpy as np
 
-    from antdt_tf.data.metrics import auc, logloss
-    from antdt_tf.data.records import RecordFile
-
+    from antdt_tf.data.metrics import evaluate_file
     from antdt_tf.models.deepfm import DeepFM
     from antdt_tf.tf.variables import full_value
 
@@ -164,18 +158,14 @@ def evaluate(tf, model, path: str, batch: int = 8192) -> dict:
     local = DeepFM(buckets=model.buckets)
     for name in ("embedding", "linear", "w1", "b1", "w2", "bias"):
         getattr(local, name).assign(full_value(getattr(model, name)))
-    data = RecordFile(path)
-    predict = tf.function(local.predict_logits)
-    labels, scores = [], []
-    n = data.num_records
-    for start in range(0, n, batch):
-        b = data.read(start, min(batch, n - start))
-        logits = predict({"label": tf.constant(b.label), "dense": tf.constant(b.dense),
-                          "sparse": tf.constant(b.sparse)})
-        labels.append(b.label)
-        scores.append(1 / (1 + np.exp(-logits.numpy())))
-    y, p = np.concatenate(labels), np.concatenate(scores)
-    return {"eval_records": int(len(y)), "auc": auc(y, p), "logloss": logloss(y, p)}
+    logits = tf.function(local.predict_logits)
+
+    def predict(b):
+        out = logits({"label": tf.constant(b.label), "dense": tf.constant(b.dense),
+                      "sparse": tf.constant(b.sparse)})
+        return 1 / (1 + np.exp(-out.numpy()))
+
+    return evaluate_file(path, predict, batch)
 
 
 def _leave(code: int, message: str = "") -> None:

@@ -9,7 +9,6 @@ It is also the complete example of the Keras integration (see the README).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
@@ -94,30 +93,18 @@ def main(argv):
         report["audit"] = audit_summary(counts, expected)
     if FLAGS.eval_data:
         report.update(evaluate(tf, model, FLAGS.eval_data))
-    text = json.dumps(report)
-    print(text, flush=True)
-    if FLAGS.report_json:
-        with open(FLAGS.report_json, "w") as f:
-            f.write(text)
+    from antdt_tf.data.metrics import write_report
+
+    write_report(report, FLAGS.report_json)
     _leave(0)
 
 
 def evaluate(tf, model, path: str, batch: int = 8192) -> dict:
-    import numpy as np
+    from antdt_tf.data.metrics import evaluate_file
 
-    from antdt_tf.data.metrics import auc, logloss
-    from antdt_tf.data.records import RecordFile
-
-    data = RecordFile(path)
-    labels, scores = [], []
-    for start in range(0, data.num_records, batch):
-        b = data.read(start, min(batch, data.num_records - start))
-        p = model({"dense": tf.constant(b.dense), "sparse": tf.constant(b.sparse)},
-                  training=False)
-        labels.append(b.label)
-        scores.append(np.asarray(p).reshape(-1))
-    y, p = np.concatenate(labels), np.concatenate(scores)
-    return {"eval_records": int(len(y)), "auc": auc(y, p), "logloss": logloss(y, p)}
+    return evaluate_file(path, lambda b: model(
+        {"dense": tf.constant(b.dense), "sparse": tf.constant(b.sparse)}, training=False),
+        batch)
 
 
 def run():
