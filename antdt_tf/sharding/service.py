@@ -136,7 +136,8 @@ class ShardingServicer:
         """Periodic work: take back expired leases, flush the journal."""
         expired = self.state.expire_leases()
         if expired:
-            log.warning("%d lease(s) expired: their shards are TODO again", expired)
+            log.warning("%d lease(s) expired: their shards are TODO again: %s", expired,
+                        "; ".join(self.state.last_expired))
         if self.store is not None:
             self.after_call()
             self.store.sync()

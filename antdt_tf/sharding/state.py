@@ -200,6 +200,7 @@ class ShardState:
         self._tasks: dict[str, _Task] = {}
         self._next_lease_id = 1
         self._deadlines: list[tuple[float, int, str]] = []  # heap (deadline, lease, dataset)
+        self.last_expired: list[str] = []
 
     # ------------------------------------------------------------------ queries
 
@@ -398,12 +399,17 @@ class ShardState:
         """Takes back leases whose holders stopped reporting. Returns how many."""
         now = self._now()
         expired = 0
+        self.last_expired = []   # what expired, for the log: a holder that went silent
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, lease_id, dataset = heapq.heappop(self._deadlines)
             run = self._runs.get(dataset)
             lease = run.doing.get(lease_id) if run else None
             if lease is None or lease.deadline != deadline:
                 continue  # settled or renewed
+            self.last_expired.append(
+                f"lease {lease_id} (dataset {dataset}, shard {lease.shard_id}, "
+                f"{lease.applied}/{lease.length} applied) of {lease.task_key}"
+                f"#{lease.incarnation}, issued {now - lease.issued_at:.1f}s ago")
             self._commit(pb.JournalEntry(time=now, settle=pb.SettleEvent(
                 dataset=dataset, lease_id=lease_id, kind=_S_EXPIRED,
                 records_processed=lease.applied)))
