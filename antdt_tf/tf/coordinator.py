@@ -22,7 +22,7 @@ import time
 
 from absl import app, flags
 
-from antdt_tf.tf.cluster_spec import parse_cluster_flag
+from antdt_tf.tf.cluster_spec import make_strategy, parse_chief_cluster_flag
 
 FLAGS = flags.FLAGS
 EXIT_CLUSTER_UNAVAILABLE = 75  # EX_TEMPFAIL: relaunch when the cluster is whole again
@@ -55,10 +55,7 @@ flags.DEFINE_integer("incarnation", -1, "This coordinator's incarnation for the 
 def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    spec = parse_cluster_flag(FLAGS.cluster)
-    for job in ("chief", "ps", "worker"):
-        if not spec.get(job):
-            raise app.UsageError(f"the cluster spec needs a {job!r} job")
+    spec = parse_chief_cluster_flag(FLAGS.cluster)
     import tensorflow as tf
 
     from antdt_tf.models.deepfm import DeepFM
@@ -69,12 +66,7 @@ def main(argv):
     incarnation = FLAGS.incarnation if FLAGS.incarnation >= 0 else int(time.time() * 1000)
     client = ShardingClient(FLAGS.master, Task("chief", 0, incarnation))
     progress = client.progress(FLAGS.dataset).datasets[0]
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
-    # Large tables are split over every PS; small variables stay whole.
-    strategy = tf.distribute.experimental.ParameterServerStrategy(
-        resolver, variable_partitioner=tf.distribute.experimental.partitioners.
-        MinSizePartitioner(min_shard_bytes=64 << 10, max_shards=len(spec["ps"])))
+    strategy = make_strategy(spec)
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     audit_records = progress.records_per_epoch if FLAGS.audit else 0
     with strategy.scope():

@@ -16,7 +16,7 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"   # before TensorFlow is imported: tf.ke
 
 from absl import app, flags  # noqa: E402
 
-from antdt_tf.tf.cluster_spec import parse_cluster_flag  # noqa: E402
+from antdt_tf.tf.cluster_spec import make_strategy, parse_chief_cluster_flag  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("cluster", None, "Cluster spec as JSON (needs a 'chief' job).")
@@ -35,10 +35,7 @@ flags.DEFINE_string("eval_data", "", "Record file for the final AUC / logloss.")
 def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    spec = parse_cluster_flag(FLAGS.cluster)
-    for job in ("chief", "ps", "worker"):
-        if not spec.get(job):
-            raise app.UsageError(f"the cluster spec needs a {job!r} job")
+    spec = parse_chief_cluster_flag(FLAGS.cluster)
     import tensorflow as tf
 
     from antdt_tf.models.keras_deepfm import build_keras_deepfm
@@ -52,11 +49,7 @@ def main(argv):
     keras = tf.keras
     client = ShardingClient(FLAGS.master)
     progress = client.progress(FLAGS.dataset).datasets[0]
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
-    strategy = tf.distribute.experimental.ParameterServerStrategy(
-        resolver, variable_partitioner=tf.distribute.experimental.partitioners.
-        MinSizePartitioner(min_shard_bytes=64 << 10, max_shards=len(spec["ps"])))
+    strategy = make_strategy(spec)
     with strategy.scope():
         model = build_keras_deepfm(FLAGS.buckets)
         model.compile(optimizer=keras.optimizers.SGD(FLAGS.learning_rate),
