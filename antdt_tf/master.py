@@ -65,7 +65,30 @@ flags.DEFINE_float("grace_seconds", 5.0, "Drain time for in-flight calls on SIGT
 flags.DEFINE_float("tick_seconds", 0.5, "How often leases are checked for expiry and the "
                    "journal synced.")
 
+flags.DEFINE_float("straggler_window_seconds", 10.0, "Monitor: sliding window of step "
+                   "times (workers) and probe latencies (PS) each judgement looks at.")
+flags.DEFINE_float("straggler_slow_ratio", 1.5, "Monitor: a worker is slow when the median "
+                   "worker rate is this many times its own; a PS when its latency is this many "
+                   "times the fastest PS's.")
+flags.DEFINE_float("straggler_persistent_after_seconds", 30.0, "Monitor: a slow episode "
+                   "shorter than this is transient; longer is persistent (or deterministic when "
+                   "the task was never normal).")
+flags.DEFINE_integer("straggler_min_samples", 5, "Monitor: steps/probes in the window before "
+                     "a task is judged.")
+
 log = logging.getLogger("antdt.master")
+
+
+def _straggler_config():
+    from antdt_tf.monitor.straggler import StragglerConfig
+
+    try:
+        return StragglerConfig(window_seconds=FLAGS.straggler_window_seconds,
+                               slow_ratio=FLAGS.straggler_slow_ratio,
+                               persistent_after_seconds=FLAGS.straggler_persistent_after_seconds,
+                               min_samples=FLAGS.straggler_min_samples)
+    except ValueError as e:
+        raise app.UsageError(f"bad straggler flags: {e}") from e
 
 
 def _lease_config() -> LeaseConfig:
@@ -86,8 +109,13 @@ def _write_port_file(path: str, port: int) -> None:
 
 
 async def _serve(servicer: ShardingServicer) -> None:
+    from antdt_tf.monitor.service import ClusterMonitorServicer
+    from antdt_tf.monitor.view import ClusterView
+
     server = MasterServer(servicer, bind=FLAGS.bind, port=FLAGS.port,
-                          tick_seconds=FLAGS.tick_seconds)
+                          tick_seconds=FLAGS.tick_seconds,
+                          monitor=ClusterMonitorServicer(ClusterView(
+                              straggler=_straggler_config())))
     await server.start()
     log.info("[master] serving antdt.v1.ShardingService on %s (pid %d)", server.address, os.getpid())
     if FLAGS.port_file:
@@ -113,6 +141,7 @@ def main(argv):
         raise app.UsageError("--tick_seconds must be > 0 and --grace_seconds >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = ShardState(_lease_config())
+    _straggler_config()   # bad flags fail here, before anything is opened
     store = None
     if FLAGS.state_dir:
         store = StateStore(FLAGS.state_dir, fsync=FLAGS.fsync, snapshot_every=FLAGS.snapshot_every)

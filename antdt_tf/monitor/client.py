@@ -39,11 +39,15 @@ class MonitorClient:
         return self._call("ReportAgent", report, wait=False).accepted
 
     def report_trainer(self, incarnation: int, workers: list[tuple[int, int]],
-                       task: cpb.TaskRef = cpb.TaskRef(job="chief", index=0)) -> bool:
-        """``workers[i] = (shards, records)`` trained by worker ``i``."""
+                       task: cpb.TaskRef = cpb.TaskRef(job="chief", index=0),
+                       ps_latency_ms: Optional[dict[int, float]] = None) -> bool:
+        """``workers[i] = (shards, records)`` trained by worker ``i``; ``ps_latency_ms``
+        the latest probe of every PS (``antdt_tf.tf.ps_probe``)."""
         report = cpb.TrainerReport(task=task, incarnation=incarnation, seq=next(self._seq))
         report.workers.extend(cpb.WorkerStats(worker=i, shards=s, records=r)
                               for i, (s, r) in enumerate(workers))
+        report.ps_latency.extend(cpb.PsLatency(ps=i, latency_ms=ms)
+                                 for i, ms in sorted((ps_latency_ms or {}).items()))
         return self._call("ReportTrainer", report, wait=False).accepted
 
     def status(self) -> cpb.ClusterStatus:

@@ -5,6 +5,9 @@ reporter numbers its reports (``seq``, per reporter process); a report older tha
 last accepted one is ignored, so a delayed report never overwrites a newer picture.
 A reporter that restarted (new process) starts again from seq 1: agents send their
 ``agent_address`` and trainers their incarnation, and a new one resets the sequence.
+
+It also holds the straggler judgement (``antdt_tf.monitor.straggler``): the master feeds
+every worker's step reports into it, the trainer's reports bring the PS probe latencies.
 """
 
 from __future__ import annotations
@@ -12,7 +15,12 @@ from __future__ import annotations
 import time
 
 from antdt_tf.errors import InvalidRequest
+from antdt_tf.monitor.straggler import (DETERMINISTIC, NORMAL, PERSISTENT, TRANSIENT,
+                                        StragglerClassifier, StragglerConfig)
 from antdt_tf.proto import cluster_pb2 as cpb
+
+_CLASS = {NORMAL: cpb.TaskHealth.NORMAL, TRANSIENT: cpb.TaskHealth.TRANSIENT,
+          PERSISTENT: cpb.TaskHealth.PERSISTENT, DETERMINISTIC: cpb.TaskHealth.DETERMINISTIC}
 
 KNOWN_JOBS = ("ps", "worker", "chief", "master")
 
@@ -25,10 +33,15 @@ def _check_task(ref: cpb.TaskRef) -> None:
 
 
 class ClusterView:
-    def __init__(self, clock=time.time):
+    def __init__(self, clock=time.time, straggler: StragglerConfig = StragglerConfig()):
         self._clock = clock
         self._agents: dict[str, cpb.AgentReport] = {}
         self._trainer: cpb.TrainerReport | None = None
+        self.classifier = StragglerClassifier(straggler)
+
+    def observe_step(self, worker: int, incarnation: int, records: int) -> None:
+        """A worker reported a trained batch (called by the master for every report)."""
+        self.classifier.observe_step(worker, incarnation, self._clock(), records)
 
     def report_agent(self, report: cpb.AgentReport) -> bool:
         if not report.host:
@@ -53,6 +66,8 @@ class ClusterView:
             raise InvalidRequest(f"TrainerReport.seq must be >= 1, got {report.seq}")
         if any(w.worker < 0 or w.shards < 0 or w.records < 0 for w in report.workers):
             raise InvalidRequest("WorkerStats must be non-negative")
+        if any(p.ps < 0 or not p.latency_ms >= 0 for p in report.ps_latency):
+            raise InvalidRequest("PsLatency must have ps >= 0 and latency_ms >= 0")
         last = self._trainer
         if last is not None:
             if report.incarnation < last.incarnation:
@@ -63,11 +78,31 @@ class ClusterView:
         kept.CopyFrom(report)
         kept.unix_time = self._clock()
         self._trainer = kept
+        for p in report.ps_latency:
+            self.classifier.observe_ps_latency(p.ps, kept.unix_time, p.latency_ms)
         return True
+
+    def tick(self) -> None:
+        """Judge now (the master calls this every tick): a slow episode's start is
+        noted when it starts, not when someone first asks."""
+        self.classifier.judge(self._clock())
+
+    def health(self) -> list[cpb.TaskHealth]:
+        out = []
+        for j in self.classifier.judge(self._clock()):
+            out.append(cpb.TaskHealth(
+                task=cpb.TaskRef(job=j.job, index=j.index),
+                straggler_class=_CLASS.get(j.straggler_class,
+                                           cpb.TaskHealth.STRAGGLER_CLASS_UNSPECIFIED),
+                slowness=j.slowness, step_seconds=j.step_seconds,
+                records_per_second=j.records_per_second, latency_ms=j.latency_ms,
+                slow_since_unix=j.slow_since, samples=j.samples, incarnation=j.incarnation))
+        return out
 
     def status(self) -> cpb.ClusterStatus:
         out = cpb.ClusterStatus(unix_time=self._clock())
         out.agents.extend(self._agents[h] for h in sorted(self._agents))
         if self._trainer is not None:
             out.trainer.CopyFrom(self._trainer)
+        out.health.extend(self.health())
         return out

@@ -129,19 +129,29 @@ class WorkerStats(_message.Message):
     records: int
     def __init__(self, worker: _Optional[int] = ..., shards: _Optional[int] = ..., records: _Optional[int] = ...) -> None: ...
 
+class PsLatency(_message.Message):
+    __slots__ = ("ps", "latency_ms")
+    PS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    ps: int
+    latency_ms: float
+    def __init__(self, ps: _Optional[int] = ..., latency_ms: _Optional[float] = ...) -> None: ...
+
 class TrainerReport(_message.Message):
-    __slots__ = ("task", "incarnation", "seq", "unix_time", "workers")
+    __slots__ = ("task", "incarnation", "seq", "unix_time", "workers", "ps_latency")
     TASK_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PS_LATENCY_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     incarnation: int
     seq: int
     unix_time: float
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStats]
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., incarnation: _Optional[int] = ..., seq: _Optional[int] = ..., unix_time: _Optional[float] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ...) -> None: ...
+    ps_latency: _containers.RepeatedCompositeFieldContainer[PsLatency]
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., incarnation: _Optional[int] = ..., seq: _Optional[int] = ..., unix_time: _Optional[float] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., ps_latency: _Optional[_Iterable[_Union[PsLatency, _Mapping]]] = ...) -> None: ...
 
 class ReportAck(_message.Message):
     __slots__ = ("accepted",)
@@ -153,12 +163,48 @@ class ClusterStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class TaskHealth(_message.Message):
+    __slots__ = ("task", "straggler_class", "slowness", "step_seconds", "records_per_second", "latency_ms", "slow_since_unix", "samples", "incarnation")
+    class StragglerClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STRAGGLER_CLASS_UNSPECIFIED: _ClassVar[TaskHealth.StragglerClass]
+        NORMAL: _ClassVar[TaskHealth.StragglerClass]
+        TRANSIENT: _ClassVar[TaskHealth.StragglerClass]
+        PERSISTENT: _ClassVar[TaskHealth.StragglerClass]
+        DETERMINISTIC: _ClassVar[TaskHealth.StragglerClass]
+    STRAGGLER_CLASS_UNSPECIFIED: TaskHealth.StragglerClass
+    NORMAL: TaskHealth.StragglerClass
+    TRANSIENT: TaskHealth.StragglerClass
+    PERSISTENT: TaskHealth.StragglerClass
+    DETERMINISTIC: TaskHealth.StragglerClass
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_CLASS_FIELD_NUMBER: _ClassVar[int]
+    SLOWNESS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    SLOW_SINCE_UNIX_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    task: TaskRef
+    straggler_class: TaskHealth.StragglerClass
+    slowness: float
+    step_seconds: float
+    records_per_second: float
+    latency_ms: float
+    slow_since_unix: float
+    samples: int
+    incarnation: int
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., straggler_class: _Optional[_Union[TaskHealth.StragglerClass, str]] = ..., slowness: _Optional[float] = ..., step_seconds: _Optional[float] = ..., records_per_second: _Optional[float] = ..., latency_ms: _Optional[float] = ..., slow_since_unix: _Optional[float] = ..., samples: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
 class ClusterStatus(_message.Message):
-    __slots__ = ("agents", "trainer", "unix_time")
+    __slots__ = ("agents", "trainer", "unix_time", "health")
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     TRAINER_FIELD_NUMBER: _ClassVar[int]
     UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
     agents: _containers.RepeatedCompositeFieldContainer[AgentReport]
     trainer: TrainerReport
     unix_time: float
-    def __init__(self, agents: _Optional[_Iterable[_Union[AgentReport, _Mapping]]] = ..., trainer: _Optional[_Union[TrainerReport, _Mapping]] = ..., unix_time: _Optional[float] = ...) -> None: ...
+    health: _containers.RepeatedCompositeFieldContainer[TaskHealth]
+    def __init__(self, agents: _Optional[_Iterable[_Union[AgentReport, _Mapping]]] = ..., trainer: _Optional[_Union[TrainerReport, _Mapping]] = ..., unix_time: _Optional[float] = ..., health: _Optional[_Iterable[_Union[TaskHealth, _Mapping]]] = ...) -> None: ...

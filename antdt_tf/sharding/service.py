@@ -216,7 +216,7 @@ class MasterServer:
         from antdt_tf.sharding.tf_rpc import TfRpcServicer
 
         self.monitor = monitor if monitor is not None else ClusterMonitorServicer(ClusterView())
-        self.tf_rpc = TfRpcServicer(servicer)
+        self.tf_rpc = TfRpcServicer(servicer, on_step=self.monitor.view.observe_step)
         self.bind = bind
         self.requested_port = port
         self.tick_seconds = tick_seconds
@@ -250,6 +250,7 @@ class MasterServer:
         while True:
             await asyncio.sleep(self.tick_seconds)
             self.servicer.tick()
+            self.monitor.view.tick()
 
     async def wait_for_termination(self) -> None:
         await self._server.wait_for_termination()
@@ -276,11 +277,12 @@ class BackgroundMaster:
     """
 
     def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
-                 tick_seconds: float = 0.5):
+                 tick_seconds: float = 0.5, monitor=None):
         import threading
 
         self._loop = asyncio.new_event_loop()
-        self.server = MasterServer(servicer, bind=bind, port=port, tick_seconds=tick_seconds)
+        self.server = MasterServer(servicer, bind=bind, port=port, tick_seconds=tick_seconds,
+                                   monitor=monitor)
         self._thread = threading.Thread(target=self._loop.run_forever, name="antdt-master",
                                         daemon=True)
 

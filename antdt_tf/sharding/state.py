@@ -242,6 +242,11 @@ class ShardState:
         t = self._tasks.get(f"{task_type}:{index}")
         return t.incarnation if t is not None else -1
 
+    def task_records(self, task_type: str, index: int) -> int:
+        """Records the latest incarnation of a task has trained (0 if never seen)."""
+        t = self._tasks.get(f"{task_type}:{index}")
+        return t.records_done if t is not None else 0
+
     def lease_length(self, dataset: str, lease_id: int) -> Optional[int]:
         """Records of an active (DOING) lease, None if it is not active."""
         lease = self._run(dataset).doing.get(lease_id)

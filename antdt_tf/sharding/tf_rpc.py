@@ -94,8 +94,11 @@ class TfRpcServicer:
     """``tensorflow.rpc.RpcService`` over the master's ShardingServicer (same state,
     same event loop, same journal)."""
 
-    def __init__(self, sharding, wait_seconds: float = 2.0, poll_seconds: float = 0.05):
+    def __init__(self, sharding, wait_seconds: float = 2.0, poll_seconds: float = 0.05,
+                 on_step=None):
         self.sharding = sharding
+        # on_step(worker, incarnation, records): every trained batch, for the Monitor's BPT
+        self.on_step = on_step
         self.wait_seconds = wait_seconds
         self.poll_seconds = poll_seconds
 
@@ -157,6 +160,7 @@ class TfRpcServicer:
         if not len(leases) == len(shards) == len(epochs) == len(applied):
             raise InvalidRequest("leases, shards, epochs and applied must have equal lengths")
         rejected = 0
+        before = self.state.task_records(task.type, task.index)
         for lease, shard, epoch, n in zip(leases, shards, epochs, applied):
             length = self.state.lease_length(dataset, lease)
             # not active: a retried DONE answers DUPLICATE, anything else is rejected
@@ -171,6 +175,9 @@ class TfRpcServicer:
                 log.warning("report from %s:%d#%d not counted: %s", task.type, task.index,
                             task.incarnation, e)
         self.sharding.after_call()
+        if self.on_step is not None and rejected < len(leases):
+            self.on_step(task.index, task.incarnation,
+                         self.state.task_records(task.type, task.index) - before)
         return tpb.TfCallResponse(output_tensors=[_i64(rejected)])
 
     METHODS = {"antdt.open": "open", "antdt.next": "next", "antdt.report": "report"}

@@ -75,10 +75,14 @@ def main(argv):
     from antdt_tf.monitor.client import MonitorClient
 
     monitor = MonitorClient(FLAGS.master)
+    from antdt_tf.tf.ps_probe import PsProbe
+
+    probe = PsProbe(strategy, len(spec["ps"]))
 
     def report_workers(shards, records):
         try:
-            monitor.report_trainer(incarnation, list(zip(shards, records)))
+            monitor.report_trainer(incarnation, list(zip(shards, records)),
+                                   ps_latency_ms=probe.measure())
         except Exception as e:  # progress reports are best effort; training goes on
             logging.warning("per-worker report not delivered: %s", e)
 
