@@ -83,6 +83,21 @@ flags.DEFINE_string("workdir", "", "Job directory (data, state, logs). Default: 
 flags.DEFINE_float("timeout_seconds", 1800, "Give up (exit 1) after this long.")
 flags.DEFINE_integer("max_restarts", 5, "Restarts allowed per task before the job fails.")
 flags.DEFINE_boolean("progress", True, "Show the live progress line.")
+flags.DEFINE_string("policy", "antdt-nd", "Controller policy: dynamic (dynamic sharding only, "
+                    "no action), antdt-nd (non-dedicated clusters), antdt-dd (dedicated "
+                    "clusters), or module:Class for your own (see antdt_tf.controller.policy).")
+flags.DEFINE_float("controller_interval_seconds", 1.0, "How often the policy is asked.")
+flags.DEFINE_float("straggler_window_seconds", 10.0, "Monitor window (see antdt-master).")
+flags.DEFINE_float("straggler_slow_ratio", 1.5, "Monitor: slow = this many times slower than "
+                   "the median worker / the fastest PS.")
+flags.DEFINE_float("straggler_persistent_after_seconds", 30.0, "Monitor: slow episodes "
+                   "longer than this are persistent (or deterministic).")
+flags.DEFINE_float("relaunch_cost_seconds", 15.0, "Cost model: first estimate of a worker "
+                   "relaunch (replaced by the measured time after the first one).")
+flags.DEFINE_float("replace_ps_cost_seconds", 30.0, "Cost model: first estimate of the pause "
+                   "a PS replacement costs (replaced by the measured pause).")
+flags.DEFINE_float("min_gain_seconds", 2.0, "Cost model: act only when the job is expected "
+                   "to finish at least this much sooner.")
 
 log = logging.getLogger("antdt.launch")
 EXIT_CLUSTER_UNAVAILABLE = 75   # the coordinator's "relaunch me" (see antdt_tf.tf.coordinator)
@@ -113,6 +128,14 @@ class JobConfig:
     api: str = "custom_loop"
     data_path: str = "pull"
     checkpoint_every_seconds: float = 10.0
+    policy: str = "antdt-nd"
+    controller_interval_seconds: float = 1.0
+    straggler_window_seconds: float = 10.0
+    straggler_slow_ratio: float = 1.5
+    straggler_persistent_after_seconds: float = 30.0
+    relaunch_cost_seconds: float = 15.0
+    replace_ps_cost_seconds: float = 30.0
+    min_gain_seconds: float = 2.0
 
 
 def place(num_ps: int, num_workers: int, num_hosts: int) -> dict[tuple[str, int], int]:
@@ -176,6 +199,15 @@ class LocalJob:
         self.pending_faults: list[dict] = []  # failures waiting for training to resume
         self.coordinator_report_path = cfg.workdir / "coordinator_report.json"
         self._progress: Optional[_ProgressLine] = None
+        from antdt_tf.controller import CostModel, load_policy
+
+        self.policy = load_policy(cfg.policy)
+        self.costs = CostModel(relaunch_worker_seconds=cfg.relaunch_cost_seconds,
+                               replace_ps_seconds=cfg.replace_ps_cost_seconds,
+                               min_gain_seconds=cfg.min_gain_seconds)
+        self.actions: list[dict] = []      # what the controller did, with outcomes
+        self.standby_count = 0
+        self.health: list = []             # the Monitor's latest TaskHealth list
 
     # ------------------------------------------------------------------ processes
 
@@ -219,8 +251,12 @@ class LocalJob:
     def _task_args(self, job: str, index: int) -> tuple[str, list[str]]:
         cfg = self.cfg
         if job == "master":
-            return "antdt-master", [f"--port={self.master_address.rsplit(':', 1)[1]}",
-                                    f"--state_dir={cfg.workdir / 'master'}"]
+            return "antdt-master", [
+                f"--port={self.master_address.rsplit(':', 1)[1]}",
+                f"--state_dir={cfg.workdir / 'master'}",
+                f"--straggler_window_seconds={cfg.straggler_window_seconds}",
+                f"--straggler_slow_ratio={cfg.straggler_slow_ratio}",
+                f"--straggler_persistent_after_seconds={cfg.straggler_persistent_after_seconds}"]
         cluster = json.dumps(self.spec)
         if job in ("ps", "worker"):
             return "antdt-tf-server", [f"--cluster={cluster}", f"--job={job}", f"--index={index}"]
@@ -239,9 +275,11 @@ class LocalJob:
             args.append("--audit")
         return ("antdt-keras-trainer" if cfg.api == "keras" else "antdt-coordinator"), args
 
-    def start_task(self, job: str, index: int) -> None:
+    def start_task(self, job: str, index: int, host: Optional[int] = None,
+                   extra_args: tuple[str, ...] = ()) -> None:
         program, args = self._task_args(job, index)
-        self.agent_of(job, index).start(job, index, program, args)
+        agent = self.agent_of(job, index) if host is None else self.agents[host]
+        agent.start(job, index, program, args + list(extra_args))
 
     def _register_dataset(self) -> None:
         from antdt_tf.sharding.client import ShardingClient
@@ -282,7 +320,7 @@ class LocalJob:
         ended_slowdowns: list[Injection] = []
         progress = self._progress = _ProgressLine(self, admin, monitor, enabled=cfg.progress)
         deadline = time.monotonic() + cfg.timeout_seconds
-        last_listed = 0.0
+        last_listed = last_decided = 0.0
         try:
             while True:
                 if time.monotonic() > deadline:
@@ -320,17 +358,155 @@ class LocalJob:
                 for fault in [f for f in self.pending_faults if records > f["records_before"]]:
                     fault["resumed_after_s"] = round(time.monotonic() - self.t0 - fault["t"], 2)
                     self.pending_faults.remove(fault)
+                if (self.train_t0 is not None and not progress.finished
+                        and time.monotonic() - last_decided >= cfg.controller_interval_seconds):
+                    last_decided = time.monotonic()
+                    self._control(monitor, records)
                 time.sleep(0.25)
         finally:
             progress.close()
             self._progress = None
 
     def _statuses(self) -> dict:
+        """Every task's status from the agent that owns it now (a task moved to another
+        host leaves a STOPPED entry behind on the old one)."""
         out = {}
-        for agent in self.agents:
+        for h, agent in enumerate(self.agents):
             for s in agent.list().tasks:
-                out[s.task.job, s.task.index] = s
+                if self.placement.get((s.task.job, s.task.index)) == h:
+                    out[s.task.job, s.task.index] = s
         return out
+
+    # ------------------------------------------------------------------ controller
+
+    def _control(self, monitor, records: int) -> None:  # noqa: C901 (one round, in order)
+        """One controller round: follow the actions in flight, then ask the policy."""
+        from antdt_tf.controller import Observation, TaskView
+        from antdt_tf.proto import cluster_pb2 as cpb
+
+        try:
+            status = monitor.status()
+        except AntdtError:
+            return     # master restarting: decide next time
+        self.health = list(status.health)
+        now = time.monotonic()
+        for act in [a for a in self.actions if "_pending" in a]:
+            self._follow(act, records, now)
+        if any("_pending" in a for a in self.actions):
+            return     # one disruptive action at a time
+        name = {v: k.lower() for k, v in cpb.TaskHealth.StragglerClass.items()}
+        views = [TaskView(h.task.job, h.task.index,
+                          name.get(h.straggler_class, "unknown").replace(
+                              "straggler_class_unspecified", "unknown"),
+                          h.slowness, h.records_per_second, h.step_seconds, h.latency_ms,
+                          h.samples) for h in status.health]
+        cooldown = self.cfg.straggler_window_seconds
+        busy = frozenset((a["job"], a["index"]) for a in self.actions
+                         if now - a.get("_done_at", now) < cooldown)
+        obs = Observation(now=time.time(), workers=tuple(v for v in views if v.job == "worker"),
+                          ps=tuple(v for v in views if v.job == "ps"),
+                          remaining_records=max(0, self.num_records * self.cfg.epochs - records),
+                          costs=self.costs, busy=busy)
+        try:
+            actions = list(self.policy.decide(obs))
+        except Exception as e:  # a user policy's bug must not take the job down
+            self._event(f"controller: policy {self.policy.name!r} failed: {e!r}")
+            return
+        for action in actions:
+            job, index = action.task
+            if (job, index) in busy or (job, index) not in self.placement:
+                continue
+            self._execute(action, records, status)
+            return
+
+    def _other_host(self, job: str, index: int) -> int:
+        """The least loaded host other than the task's own."""
+        load = [0] * len(self.agents)
+        for (j, _), h in self.placement.items():
+            if j in ("ps", "worker"):
+                load[h] += 1
+        here = self.placement[job, index]
+        candidates = [h for h in range(len(self.agents)) if h != here] or [here]
+        return min(candidates, key=lambda h: (load[h], h))
+
+    def _execute(self, action, records: int, status) -> None:
+        """Starts an action: the new process first imports TF on the other host and
+        stands by (``antdt-tf-server --standby_file``); :meth:`_follow` then kills the
+        old one, and the new one binds the address within milliseconds."""
+        from antdt_tf.controller import RelaunchWorker, ReplacePs
+
+        job, index = action.task
+        kind = type(action).__name__
+        if not isinstance(action, (RelaunchWorker, ReplacePs)):
+            raise InvalidRequest(f"the launcher cannot carry out {kind}")
+        src, dst = self.placement[job, index], self._other_host(job, index)
+        ev = self._event(f"controller ({self.policy.name}): {kind} {job}:{index} "
+                         f"host{src} -> host{dst}: {action.reason}", action=kind)
+        self.standby_count += 1
+        ready = self.cfg.workdir / f"standby-{job}{index}-{self.standby_count}"
+        self.start_task(job, index, host=dst, extra_args=(f"--standby_file={ready}",))
+        old = [h.incarnation for h in status.health
+               if h.task.job == job and h.task.index == index]
+        self.actions.append({
+            "t": ev["t"], "action": kind, "job": job, "index": index, "reason": action.reason,
+            "from_host": src, "to_host": dst, "_pending": True, "_phase": "standby",
+            "_ready": ready, "_t0": time.monotonic(), "_old_incarnation": old[0] if old else -1,
+            "_chief_restarts": self.restarts.get(("chief", 0), 0)})
+
+    def _switch_over(self, act: dict) -> None:
+        """The standby is ready: the old process goes (a kill: a relaunched worker redoes
+        at most its batch in flight; a PS's state is in the last checkpoint)."""
+        job, index = act["job"], act["index"]
+        self.agents[act["from_host"]].stop(job, index, kill=True)
+        self.placement[job, index] = act["to_host"]
+        if job == "worker":
+            self._release_leases_of(index)
+        act["_phase"] = "recovering"
+        act["standby_seconds"] = round(time.monotonic() - act["_t0"], 2)
+        act["_t0"] = time.monotonic()     # the disruption starts now
+
+    def _follow(self, act: dict, records: int, now: float) -> None:
+        """Standby ready -> switch over; done when the moved task works again: a
+        relaunched worker's new incarnation reports steps; after a PS replacement,
+        records progress again (the chief restored the last checkpoint, so the count
+        first drops back to it)."""
+        job, index = act["job"], act["index"]
+        if act["_phase"] == "standby":
+            if act["_ready"].exists():
+                self._switch_over(act)
+                return
+            st = {(s.task.job, s.task.index): s for s in self.agents[act["to_host"]].list().tasks}
+            standby = st.get((job, index))
+            if standby is None or standby.state != standby.RUNNING or now - act["_t0"] > 120:
+                self._event(f"controller: the standby {job}:{index} on host{act['to_host']} "
+                            f"did not get ready; {act['action']} abandoned")
+                self.agents[act["to_host"]].stop(job, index, kill=True)
+                act.pop("_pending")
+                act["_done_at"] = now
+                act["abandoned"] = True
+            return
+        done = False
+        if job == "worker":
+            done = any(h.task.job == "worker" and h.task.index == index
+                       and h.incarnation != act["_old_incarnation"] and h.samples > 0
+                       for h in self.health)
+        elif self.restarts.get(("chief", 0), 0) > act["_chief_restarts"]:
+            act["_low"] = min(act.get("_low", records), records)
+            done = records > act["_low"]
+        if done:
+            seconds = now - act.pop("_t0")
+            act.pop("_pending")
+            act["_done_at"] = now
+            act["recovered_after_s"] = round(seconds, 2)
+            self._event(f"controller: {act['action']} {job}:{index} done; "
+                        f"training again after {seconds:.1f}s")
+            done_of_kind = [a["recovered_after_s"] for a in self.actions
+                            if a["action"] == act["action"] and "recovered_after_s" in a]
+            mean = sum(done_of_kind) / len(done_of_kind)
+            if act["action"] == "RelaunchWorker":
+                self.costs.relaunch_worker_seconds = mean
+            else:
+                self.costs.replace_ps_seconds = mean
 
     def _inject(self, inj: Injection) -> None:
         agent = self.agent_of(inj.job, inj.index)
@@ -447,10 +623,16 @@ class LocalJob:
             "restarts": {f"{j}:{i}": n for (j, i), n in self.restarts.items()},
             "cpu_seconds": cpu,
             "coordinator": coord,
+            "policy": self.policy.name,
+            "actions": [{k: v for k, v in a.items() if not k.startswith("_")}
+                        for a in self.actions],
+            "health": [_health_dict(h) for h in self.health],
         }
         if "audit" in coord:
             audit = dict(coord["audit"])
-            faults = len([j for j in cfg.injections if j.kind == "kill"])
+            # each kill (injected, or a relaunch's) may redo the one batch in flight
+            faults = len([j for j in cfg.injections if j.kind == "kill"]) + len(
+                [a for a in self.actions if a["action"] == "RelaunchWorker"])
             bound = faults * cfg.batch_size
             off = audit.get("applied_other", 0)
             audit["allowed_off_records"] = bound
@@ -478,6 +660,30 @@ class LocalJob:
                 proc.wait()
         for agent in self.agents:
             agent.close()
+
+
+def _health_dict(h) -> dict:
+    from antdt_tf.proto import cluster_pb2 as cpb
+
+    out = {"task": f"{h.task.job}:{h.task.index}",
+           "class": cpb.TaskHealth.StragglerClass.Name(h.straggler_class).lower(),
+           "slowness": round(h.slowness, 2), "samples": h.samples}
+    if h.task.job == "worker":
+        out.update(step_seconds=round(h.step_seconds, 4),
+                   records_per_second=round(h.records_per_second, 1))
+    else:
+        out["latency_ms"] = round(h.latency_ms, 2)
+    return out
+
+
+def _slow_marks(health) -> dict[str, str]:
+    """'worker:2' -> 'persistent x3.9' for every task the Monitor finds slow."""
+    from antdt_tf.proto import cluster_pb2 as cpb
+
+    slow = (cpb.TaskHealth.TRANSIENT, cpb.TaskHealth.PERSISTENT, cpb.TaskHealth.DETERMINISTIC)
+    return {f"{h.task.job}:{h.task.index}":
+            f"{cpb.TaskHealth.StragglerClass.Name(h.straggler_class).lower()} x{h.slowness:.1f}"
+            for h in health if h.straggler_class in slow}
 
 
 class _ProgressLine:
@@ -527,7 +733,11 @@ class _ProgressLine:
             t.records_done for t in sorted((t for t in full.tasks if t.task.type == "worker"),
                                            key=lambda t: t.task.index)]
         total = sum(per_worker) or 1
-        share = " ".join(f"w{i}:{r / total:.0%}" for i, r in enumerate(per_worker))
+        marks = _slow_marks(status.health)
+        share = " ".join(f"w{i}:{r / total:.0%}" + (f"({marks[f'worker:{i}']})"
+                                                    if f"worker:{i}" in marks else "")
+                         for i, r in enumerate(per_worker))
+        share += "".join(f" {t}({m})" for t, m in marks.items() if t.startswith("ps"))
         self.bar.set_postfix_str(f"shards {shards}/{total_shards} [{share}]", refresh=False)
         self.bar.update(p.records_done_total - self.records)
         self.records = p.records_done_total
@@ -568,6 +778,11 @@ def summary_table(report: dict) -> str:
         lines.append(f"failure at {ev['t']:.1f}s: {ev['event']}"
                      + (f" — training resumed {resumed:.1f}s later" if resumed is not None
                         else ""))
+    for act in report.get("actions", []):
+        after = act.get("recovered_after_s")
+        lines.append(f"controller at {act['t']:.1f}s: {act['action']} {act['job']}:{act['index']} "
+                     f"host{act['from_host']} -> host{act['to_host']} ({act['reason']})"
+                     + (f" — working again {after:.1f}s later" if after is not None else ""))
     if "audit" in report:
         a = report["audit"]
         lines.append(f"audit: applied exactly {a['expected_times']}x: {a['applied_expected']:,}, "
@@ -592,6 +807,20 @@ def config_from_flags() -> JobConfig:
                            for t in FLAGS.inject)
     except InvalidRequest as e:
         raise app.UsageError(str(e)) from e
+    try:
+        from antdt_tf.controller import load_policy
+        from antdt_tf.monitor.straggler import StragglerConfig
+
+        load_policy(FLAGS.policy)
+        StragglerConfig(window_seconds=FLAGS.straggler_window_seconds,
+                        slow_ratio=FLAGS.straggler_slow_ratio,
+                        persistent_after_seconds=FLAGS.straggler_persistent_after_seconds)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from e
+    if FLAGS.controller_interval_seconds <= 0 or min(
+            FLAGS.relaunch_cost_seconds, FLAGS.replace_ps_cost_seconds) < 0:
+        raise app.UsageError("--controller_interval_seconds must be > 0 and the cost "
+                             "estimates >= 0")
     workdir = pathlib.Path(FLAGS.workdir or tempfile.mkdtemp(prefix="antdt-job-"))
     if (workdir / "master").exists() or (workdir / "checkpoints").exists():
         raise app.UsageError(f"--workdir={workdir} holds a previous job's master state or "
@@ -624,7 +853,14 @@ def config_from_flags() -> JobConfig:
         checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
         checkpoint_every_shards=FLAGS.checkpoint_every_shards, audit=FLAGS.audit,
         workdir=workdir, injections=injections, timeout_seconds=FLAGS.timeout_seconds,
-        max_restarts=FLAGS.max_restarts, progress=FLAGS.progress, data_seed=FLAGS.data_seed)
+        max_restarts=FLAGS.max_restarts, progress=FLAGS.progress, data_seed=FLAGS.data_seed,
+        policy=FLAGS.policy, controller_interval_seconds=FLAGS.controller_interval_seconds,
+        straggler_window_seconds=FLAGS.straggler_window_seconds,
+        straggler_slow_ratio=FLAGS.straggler_slow_ratio,
+        straggler_persistent_after_seconds=FLAGS.straggler_persistent_after_seconds,
+        relaunch_cost_seconds=FLAGS.relaunch_cost_seconds,
+        replace_ps_cost_seconds=FLAGS.replace_ps_cost_seconds,
+        min_gain_seconds=FLAGS.min_gain_seconds)
 
 
 def main(argv):

@@ -9,7 +9,8 @@ import pytest
 
 @pytest.mark.parametrize("module", ["antdt_tf.sharding.plan", "antdt_tf.sharding.state",
                                     "antdt_tf.sharding.store", "antdt_tf.data.criteo",
-                                    "antdt_tf.data.records"])
+                                    "antdt_tf.data.records", "antdt_tf.monitor.straggler",
+                                    "antdt_tf.controller"])
 def test_pure_cores_import_no_framework(module):
     code = (f"import sys, json, {module}; "
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
@@ -19,7 +20,8 @@ def test_pure_cores_import_no_framework(module):
 
 
 def test_service_layer_imports_no_tensorflow():
-    code = ("import sys, json, antdt_tf.sharding.client, antdt_tf.master; "
+    code = ("import sys, json, antdt_tf.sharding.client, antdt_tf.master, "
+            "antdt_tf.monitor.view, antdt_tf.monitor.service; "
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "tensorflow" not in json.loads(out.stdout)

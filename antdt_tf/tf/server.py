@@ -6,11 +6,21 @@ Usage: python -m antdt_tf.tf.server --cluster='{"chief": [...], "ps": [...], "wo
 The process an agent starts, stops and kills for every ps/worker task. It serves until
 killed; it holds no state of its own that a restart would lose (PS variables are
 restored from checkpoints by the coordinator).
+
+``--standby_file=F``: for moving a task to another host with the shortest gap. The new
+process imports TensorFlow (seconds), writes F, then waits for the task's address to
+become free and binds it at once; the controller kills the old process only after F
+appeared. The chief's reconnect then finds the task back within a fraction of a second
+instead of after TensorFlow's start-up plus gRPC's reconnect back-off.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import pathlib
+import socket
+import time
 
 from absl import app, flags
 
@@ -20,6 +30,29 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("cluster", None, "Cluster spec as JSON: job name -> list of host:port.")
 flags.DEFINE_enum("job", None, ["ps", "worker"], "This task's job.")
 flags.DEFINE_integer("index", 0, "This task's index in its job.")
+flags.DEFINE_string("standby_file", "", "Standby mode: write this file once ready, then wait "
+                    "until the task's address is free (its old process killed) and serve.")
+flags.DEFINE_float("standby_seconds", 120.0, "Standby mode: give up (exit 1) after this long.")
+
+
+def wait_until_free(address: str, timeout: float) -> None:
+    """Returns when ``host:port`` can be bound (its old owner is gone)."""
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, int(port)))
+                return
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{address} still in use after {timeout:.0f}s")
+        time.sleep(0.02)
 
 
 def main(argv):
@@ -30,6 +63,12 @@ def main(argv):
         raise app.UsageError(f"task {FLAGS.job}:{FLAGS.index} is not in the cluster spec")
     import tensorflow as tf  # after flag checks: importing TF takes seconds
 
+    if FLAGS.standby_file:
+        ready = pathlib.Path(FLAGS.standby_file)
+        ready.write_text(f"{os.getpid()}\n")
+        print(f"[{FLAGS.job}:{FLAGS.index}] standing by for {spec[FLAGS.job][FLAGS.index]}",
+              flush=True)
+        wait_until_free(spec[FLAGS.job][FLAGS.index], FLAGS.standby_seconds)
     server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=FLAGS.job,
                                   task_index=FLAGS.index, protocol="grpc", start=True)
     print(f"[{FLAGS.job}:{FLAGS.index}] serving {server.target}", flush=True)

@@ -1,0 +1,37 @@
+"""What a policy can ask for. Each one is carried out by the launcher through agents."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    reason: str = ""
+
+    @property
+    def task(self) -> tuple[str, int]:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class RelaunchWorker(Action):
+    """Kill a worker and start it again on another host (its leases go back to TODO at
+    once and resume from their applied offsets: at most the batch in flight is redone)."""
+    worker: int = 0
+
+    @property
+    def task(self) -> tuple[str, int]:
+        return "worker", self.worker
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplacePs(Action):
+    """Start a PS task on another host in place of a slow one. The chief rebuilds its
+    strategy and restores model and sharding state from the last shard-boundary
+    checkpoint, so nothing is lost or applied twice; the job pauses meanwhile."""
+    ps: int = 0
+
+    @property
+    def task(self) -> tuple[str, int]:
+        return "ps", self.ps
