@@ -47,7 +47,9 @@ from antdt_tf.procutil import child_env
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 2, "Parameter server tasks.")
-flags.DEFINE_integer("num_workers", 3, "Worker tasks.")
+flags.DEFINE_integer("num_workers", 3, "Worker tasks at the start.")
+flags.DEFINE_integer("max_workers", 0, "Worker slots the job may scale out to (pull data "
+                     "path); 0 = --num_workers.")
 flags.DEFINE_integer("num_hosts", 0, "Simulated hosts (one agent each); tasks are placed "
                      "round-robin. 0: one host per worker.")
 flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
@@ -136,6 +138,7 @@ class JobConfig:
     relaunch_cost_seconds: float = 15.0
     replace_ps_cost_seconds: float = 30.0
     min_gain_seconds: float = 2.0
+    max_workers: int = 0
 
 
 def place(num_ps: int, num_workers: int, num_hosts: int) -> dict[tuple[str, int], int]:
@@ -181,12 +184,14 @@ class LocalJob:
 
         self.cfg = cfg
         self.num_records = RecordFile(cfg.data).num_records
-        ports = free_ports(2 + cfg.num_ps + cfg.num_workers)
+        slots = max(cfg.max_workers, cfg.num_workers)
+        ports = free_ports(2 + cfg.num_ps + slots)
         self.master_address = f"127.0.0.1:{ports[0]}"
         self.spec = {"chief": [f"127.0.0.1:{ports[1]}"],
                      "ps": [f"127.0.0.1:{p}" for p in ports[2:2 + cfg.num_ps]],
                      "worker": [f"127.0.0.1:{p}" for p in ports[2 + cfg.num_ps:]]}
-        self.placement = place(cfg.num_ps, cfg.num_workers, cfg.num_hosts)
+        self.placement = place(cfg.num_ps, slots, cfg.num_hosts)
+        self.active_workers = cfg.num_workers   # workers 0..n-1 train; the rest are spare slots
         self.agents: list = []            # AgentClient per host
         self.agent_procs: list[subprocess.Popen] = []
         self.events: list[dict] = []
@@ -208,6 +213,7 @@ class LocalJob:
         self.actions: list[dict] = []      # what the controller did, with outcomes
         self.standby_count = 0
         self.health: list = []             # the Monitor's latest TaskHealth list
+        self.trainer_records: list[int] = []   # records per worker, the chief's latest report
 
     # ------------------------------------------------------------------ processes
 
@@ -257,9 +263,12 @@ class LocalJob:
                 f"--straggler_window_seconds={cfg.straggler_window_seconds}",
                 f"--straggler_slow_ratio={cfg.straggler_slow_ratio}",
                 f"--straggler_persistent_after_seconds={cfg.straggler_persistent_after_seconds}"]
-        cluster = json.dumps(self.spec)
-        if job in ("ps", "worker"):
-            return "antdt-tf-server", [f"--cluster={cluster}", f"--job={job}", f"--index={index}"]
+        if job in ("ps", "worker"):   # servers know every worker slot
+            return "antdt-tf-server", [f"--cluster={json.dumps(self.spec)}", f"--job={job}",
+                                       f"--index={index}"]
+        # the chief uses the active workers, a prefix of the slots (a task index means
+        # the same task to the chief and to the server)
+        cluster = json.dumps(dict(self.spec, worker=self.spec["worker"][:self.active_workers]))
         args = [f"--cluster={cluster}", f"--master={self.master_address}", "--dataset=train",
                 f"--batch_size={cfg.batch_size}", f"--buckets={cfg.buckets}",
                 f"--learning_rate={cfg.learning_rate}",
@@ -269,6 +278,8 @@ class LocalJob:
         if cfg.api == "custom_loop":
             args += [f"--checkpoint_every_shards={cfg.checkpoint_every_shards}",
                      f"--data_path={cfg.data_path}"]
+            if cfg.data_path == "pull":
+                args.append(f"--worker_slots={len(self.spec['worker'])}")
         if cfg.eval_data:
             args.append(f"--eval_data={cfg.eval_data}")
         if cfg.audit:
@@ -301,9 +312,10 @@ class LocalJob:
             self._start_agents()
             self.start_task("master", 0)
             self._register_dataset()
-            for job in ("ps", "worker"):
-                for i in range(len(self.spec[job])):
-                    self.start_task(job, i)
+            for i in range(len(self.spec["ps"])):
+                self.start_task("ps", i)
+            for i in range(self.active_workers):
+                self.start_task("worker", i)
             self.t0 = time.monotonic()
             self.start_task("chief", 0)
             self._event("coordinator started")
@@ -332,7 +344,9 @@ class LocalJob:
                     self._event("training started (first shard leased); injection clock starts")
                 now = time.monotonic() - (self.train_t0 or float("inf"))
                 while pending and pending[0].at <= now:
-                    self._inject(pending.pop(0))
+                    if not self._inject(pending[0]):
+                        break       # deferred: tried again next round
+                    pending.pop(0)
                 for inj in [j for j in cfg.injections if j.kind == "slow" and j.until
                             and j.until <= now and j not in ended_slowdowns]:
                     ended_slowdowns.append(inj)
@@ -350,6 +364,8 @@ class LocalJob:
                             self._event("coordinator finished")
                             return
                     for key, status in sorted(statuses.items()):
+                        if key[0] == "worker" and key[1] >= self.active_workers:
+                            continue    # a slot scaled away
                         if status.state != status.RUNNING:
                             self._recover(key, status, statuses)
                 records = progress.update()
@@ -389,6 +405,7 @@ class LocalJob:
         except AntdtError:
             return     # master restarting: decide next time
         self.health = list(status.health)
+        self.trainer_records = [w.records for w in status.trainer.workers]
         now = time.monotonic()
         for act in [a for a in self.actions if "_pending" in a]:
             self._follow(act, records, now)
@@ -433,10 +450,13 @@ class LocalJob:
         """Starts an action: the new process first imports TF on the other host and
         stands by (``antdt-tf-server --standby_file``); :meth:`_follow` then kills the
         old one, and the new one binds the address within milliseconds."""
-        from antdt_tf.controller import RelaunchWorker, ReplacePs
+        from antdt_tf.controller import RelaunchWorker, ReplacePs, ScaleWorkers
 
         job, index = action.task
         kind = type(action).__name__
+        if isinstance(action, ScaleWorkers):
+            self._scale(action)
+            return
         if not isinstance(action, (RelaunchWorker, ReplacePs)):
             raise InvalidRequest(f"the launcher cannot carry out {kind}")
         src, dst = self.placement[job, index], self._other_host(job, index)
@@ -452,6 +472,45 @@ class LocalJob:
             "from_host": src, "to_host": dst, "_pending": True, "_phase": "standby",
             "_ready": ready, "_t0": time.monotonic(), "_old_incarnation": old[0] if old else -1,
             "_chief_restarts": self.restarts.get(("chief", 0), 0)})
+
+    def _scale(self, action) -> None:
+        """Scale out: the new workers stand by first (:meth:`_follow` switches when all
+        are ready). Scale in: switch at once."""
+        n, slots = action.num_workers, len(self.spec["worker"])
+        if not 1 <= n <= slots or n == self.active_workers:
+            self._event(f"controller: ScaleWorkers to {n} ignored (slots: {slots}, "
+                        f"running: {self.active_workers})")
+            return
+        ev = self._event(f"controller ({self.policy.name}): ScaleWorkers "
+                         f"{self.active_workers} -> {n} workers: {action.reason}",
+                         action="ScaleWorkers")
+        act = {"t": ev["t"], "action": "ScaleWorkers", "job": "chief", "index": 0,
+               "reason": action.reason, "from_workers": self.active_workers, "to_workers": n,
+               "_pending": True, "_phase": "standby", "_t0": time.monotonic(), "_ready": []}
+        for i in range(self.active_workers, n):
+            self.standby_count += 1
+            ready = self.cfg.workdir / f"standby-worker{i}-{self.standby_count}"
+            self.start_task("worker", i, extra_args=(f"--standby_file={ready}",))
+            act["_ready"].append(ready)
+        self.actions.append(act)
+        if n < self.active_workers:
+            self._switch_scale(act)
+
+    def _switch_scale(self, act: dict) -> None:
+        """The chief goes (killed: the last checkpoint holds model and sharding state)
+        and comes back with the new worker set, restoring; workers scaled away stop."""
+        old, n = act["from_workers"], act["to_workers"]
+        act["records_per_worker_before"] = list(self.trainer_records)
+        self.agent_of("chief", 0).stop("chief", 0, kill=True)
+        self.active_workers = n
+        for i in range(n, old):
+            self.agent_of("worker", i).stop("worker", i, grace_seconds=2)
+            self._release_leases_of(i)
+        self.start_task("chief", 0)
+        act["_phase"] = "recovering"
+        act["standby_seconds"] = round(time.monotonic() - act["_t0"], 2)
+        act["_t0"] = time.monotonic()
+        act["_chief_restarted"] = True
 
     def _switch_over(self, act: dict) -> None:
         """The standby is ready: the old process goes (a kill: a relaunched worker redoes
@@ -471,6 +530,23 @@ class LocalJob:
         records progress again (the chief restored the last checkpoint, so the count
         first drops back to it)."""
         job, index = act["job"], act["index"]
+        if act["action"] == "ScaleWorkers":
+            if act["_phase"] == "standby":
+                if all(r.exists() for r in act["_ready"]):
+                    self._switch_scale(act)
+                elif now - act["_t0"] > 120:
+                    self._event("controller: the new workers did not get ready; "
+                                "ScaleWorkers abandoned")
+                    for i in range(act["from_workers"], act["to_workers"]):
+                        self.agent_of("worker", i).stop("worker", i, kill=True)
+                    act.pop("_pending")
+                    act["_done_at"] = now
+                    act["abandoned"] = True
+                return
+            act["_low"] = min(act.get("_low", records), records)
+            if records > act["_low"]:
+                self._done(act, now)
+            return
         if act["_phase"] == "standby":
             if act["_ready"].exists():
                 self._switch_over(act)
@@ -494,12 +570,18 @@ class LocalJob:
             act["_low"] = min(act.get("_low", records), records)
             done = records > act["_low"]
         if done:
-            seconds = now - act.pop("_t0")
-            act.pop("_pending")
-            act["_done_at"] = now
-            act["recovered_after_s"] = round(seconds, 2)
-            self._event(f"controller: {act['action']} {job}:{index} done; "
-                        f"training again after {seconds:.1f}s")
+            self._done(act, now)
+
+    def _done(self, act: dict, now: float) -> None:
+        seconds = now - act.pop("_t0")
+        act.pop("_pending")
+        act["_done_at"] = now
+        act["recovered_after_s"] = round(seconds, 2)
+        what = (f"to {act['to_workers']} workers" if act["action"] == "ScaleWorkers"
+                else f"{act['job']}:{act['index']}")
+        self._event(f"controller: {act['action']} {what} done; "
+                    f"training again after {seconds:.1f}s")
+        if act["action"] in ("RelaunchWorker", "ReplacePs"):
             done_of_kind = [a["recovered_after_s"] for a in self.actions
                             if a["action"] == act["action"] and "recovered_after_s" in a]
             mean = sum(done_of_kind) / len(done_of_kind)
@@ -508,7 +590,17 @@ class LocalJob:
             else:
                 self.costs.replace_ps_seconds = mean
 
-    def _inject(self, inj: Injection) -> None:
+    def _inject(self, inj: Injection) -> bool:
+        """Carries out an injection; False: not now (a scaling waits for the action
+        still running)."""
+        if inj.kind == "scale":
+            from antdt_tf.controller import ScaleWorkers
+
+            if any("_pending" in a for a in self.actions):
+                return False
+            self._execute(ScaleWorkers(num_workers=inj.index, reason=f"injected: {inj}"),
+                          self._records_done(), None)
+            return True
         agent = self.agent_of(inj.job, inj.index)
         if inj.kind == "kill":
             st = agent.stop(inj.job, inj.index, kill=True)
@@ -517,6 +609,7 @@ class LocalJob:
             duration = (inj.until - inj.at) if inj.until else 0.0
             agent.throttle(inj.job, inj.index, inj.factor, duration)
             self._event(f"injected: {inj}", injected=str(inj))
+        return True
 
     def _recover(self, key, status, statuses) -> None:
         job, index = key
@@ -780,8 +873,10 @@ def summary_table(report: dict) -> str:
                         else ""))
     for act in report.get("actions", []):
         after = act.get("recovered_after_s")
-        lines.append(f"controller at {act['t']:.1f}s: {act['action']} {act['job']}:{act['index']} "
-                     f"host{act['from_host']} -> host{act['to_host']} ({act['reason']})"
+        what = (f"{act['from_workers']} -> {act['to_workers']} workers"
+                if act["action"] == "ScaleWorkers" else
+                f"{act['job']}:{act['index']} host{act['from_host']} -> host{act['to_host']}")
+        lines.append(f"controller at {act['t']:.1f}s: {act['action']} {what} ({act['reason']})"
                      + (f" — working again {after:.1f}s later" if after is not None else ""))
     if "audit" in report:
         a = report["audit"]
@@ -799,12 +894,18 @@ def config_from_flags() -> JobConfig:
         raise app.UsageError("--learning_rate must be > 0")
     if FLAGS.num_hosts < 0:
         raise app.UsageError("--num_hosts must be >= 0")
+    if FLAGS.max_workers and FLAGS.max_workers < FLAGS.num_workers:
+        raise app.UsageError("--max_workers must be 0 or >= --num_workers")
+    if FLAGS.max_workers > FLAGS.num_workers and (FLAGS.api != "custom_loop"
+                                                  or FLAGS.data_path != "pull"):
+        raise app.UsageError("scaling (--max_workers) needs --api=custom_loop "
+                             "--data_path=pull")
     for name in ("epochs", "batch_size", "records_per_shard", "buckets"):
         if getattr(FLAGS, name) < 1:
             raise app.UsageError(f"--{name} must be >= 1")
     try:
-        injections = tuple(parse_injection(t, FLAGS.num_ps, FLAGS.num_workers)
-                           for t in FLAGS.inject)
+        injections = tuple(parse_injection(t, FLAGS.num_ps, FLAGS.num_workers,
+                                           FLAGS.max_workers) for t in FLAGS.inject)
     except InvalidRequest as e:
         raise app.UsageError(str(e)) from e
     try:
@@ -860,7 +961,7 @@ def config_from_flags() -> JobConfig:
         straggler_persistent_after_seconds=FLAGS.straggler_persistent_after_seconds,
         relaunch_cost_seconds=FLAGS.relaunch_cost_seconds,
         replace_ps_cost_seconds=FLAGS.replace_ps_cost_seconds,
-        min_gain_seconds=FLAGS.min_gain_seconds)
+        min_gain_seconds=FLAGS.min_gain_seconds, max_workers=FLAGS.max_workers)
 
 
 def main(argv):

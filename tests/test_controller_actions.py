@@ -55,6 +55,20 @@ def test_antdt_nd_replaces_a_slow_ps_and_restores_exactly(tmp_path):
     assert "ReplacePs ps:0" in out
 
 
+def test_scale_out_then_in_while_the_job_runs(tmp_path):
+    report, out = launch(tmp_path, "--num_ps=1", "--num_workers=2", "--max_workers=3",
+                         "--policy=dynamic", "--checkpoint_every_seconds=3",
+                         "--inject=scale:workers:3@1s", "--inject=scale:workers:2@25s",
+                         records=600_000)
+    out_, in_ = report["actions"]
+    assert (out_["action"], out_["from_workers"], out_["to_workers"]) == ("ScaleWorkers", 2, 3)
+    assert (in_["action"], in_["from_workers"], in_["to_workers"]) == ("ScaleWorkers", 3, 2)
+    assert out_["recovered_after_s"] < 60 and in_["t"] >= out_["t"] + out_["recovered_after_s"]
+    assert in_["records_per_worker_before"][2] > 0     # the third worker trained a while
+    assert report["audit"]["applied_1"] == report["records"]   # exact through both restarts
+    assert "ScaleWorkers 2 -> 3 workers" in out and "ScaleWorkers 3 -> 2 workers" in out
+
+
 def test_dynamic_policy_only_watches(tmp_path):
     report, out = launch(tmp_path, "--num_ps=1", "--num_workers=2", "--policy=dynamic",
                          "--straggler_window_seconds=3", "--inject=slow:worker:1:x4@0s",

@@ -22,9 +22,11 @@ LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
     ("slow:worker:2:x4@10s", Injection("slow", "worker", 2, 10.0, None, 4.0)),
     ("slow:worker:2:x4@10s-70s", Injection("slow", "worker", 2, 10.0, 70.0, 4.0)),
     ("slow:ps:0:x2.5@1.5s-3s", Injection("slow", "ps", 0, 1.5, 3.0, 2.5)),
+    ("scale:workers:5@30s", Injection("scale", "worker", 5, 30.0)),
+    ("scale:workers:1@2.5", Injection("scale", "worker", 1, 2.5)),
 ])
 def test_documented_forms_parse(text, expect):
-    assert parse_injection(text, num_ps=2, num_workers=3) == expect
+    assert parse_injection(text, num_ps=2, num_workers=3, max_workers=5) == expect
 
 
 @pytest.mark.parametrize("text,message", [
@@ -38,6 +40,9 @@ def test_documented_forms_parse(text, expect):
     ("kill:master:1@3s", "only one"),
     ("explode:worker:1@3s", "expected kill"),
     ("kill:worker:1", "expected kill"),
+    ("scale:workers:4@3s", "can scale to 1..3 workers"),
+    ("scale:workers:0@3s", "can scale to 1..3 workers"),
+    ("scale:workers:2@3s-5s", "expected kill"),
 ])
 def test_mistakes_are_explained(text, message):
     with pytest.raises(InvalidRequest, match=message):
@@ -56,6 +61,10 @@ def test_placement_spreads_ps_and_workers_over_hosts():
     ("--num_workers=0", "must be >= 1"),
     ("--data=/nonexistent/train.adtr", "cannot use the data"),
     ("--batch_size=0", "must be >= 1"),
+    ("--max_workers=2", "--max_workers must be 0 or >= --num_workers"),
+    ("--policy=nope", "unknown policy 'nope'"),
+    ("--policy=no_such_module:P", "cannot load policy"),
+    ("--straggler_slow_ratio=0.5", "slow_ratio must be > 1"),
 ])
 def test_launch_rejects_bad_flags_before_starting_anything(tmp_path, flag, message):
     out = subprocess.run([LAUNCH_BIN, flag, f"--workdir={tmp_path}"], capture_output=True,

@@ -8,6 +8,8 @@
     kill:master@20s             SIGKILL the master
     slow:worker:2:x4@10s        worker 2 gets 1/4 of its CPU time from 10 s on
     slow:ps:0:x3@10s-70s        ps 0 at 1/3 speed from 10 s to 70 s
+    scale:workers:4@30s         scale to 4 workers at 30 s (the cluster scheduler granted
+                                or reclaimed hosts; up to --max_workers)
 
 Times are seconds after training started (the master leased the first shard), so
 they do not depend on how long the processes took to start. Every injection is carried out
@@ -27,14 +29,15 @@ _TASK = r"(?P<job>worker|ps|coordinator|chief|master)(?::(?P<index>\d+))?"
 _TIME = r"(?P<at>\d+(?:\.\d+)?)s?(?:-(?P<until>\d+(?:\.\d+)?)s?)?"
 _KILL = re.compile(rf"^kill:{_TASK}@{_TIME}$")
 _SLOW = re.compile(rf"^slow:{_TASK}:x(?P<factor>\d+(?:\.\d+)?)@{_TIME}$")
+_SCALE = re.compile(r"^scale:workers:(?P<count>\d+)@(?P<at>\d+(?:\.\d+)?)s?$")
 _INDEXED = ("worker", "ps")
 
 
 @dataclasses.dataclass(frozen=True)
 class Injection:
-    kind: str                 # "kill" or "slow"
+    kind: str                 # "kill", "slow" or "scale"
     job: str                  # "worker", "ps", "chief" or "master"
-    index: int
+    index: int                # scale: the number of workers to scale to
     at: float                 # seconds after training started (first shard leased)
     until: Optional[float] = None   # slow only: back to full speed then (None: never)
     factor: float = 1.0             # slow only
@@ -46,19 +49,29 @@ class Injection:
     def __str__(self):
         if self.kind == "kill":
             return f"kill {self.task} at {self.at:g}s"
+        if self.kind == "scale":
+            return f"scale to {self.index} workers at {self.at:g}s"
         span = f"{self.at:g}s-{self.until:g}s" if self.until is not None else f"{self.at:g}s on"
         return f"slow {self.task} x{self.factor:g} {span}"
 
 
-def parse_injection(text: str, num_ps: int, num_workers: int) -> Injection:
+def parse_injection(text: str, num_ps: int, num_workers: int,
+                    max_workers: int = 0) -> Injection:
     """Parses one ``--inject`` value; raises InvalidRequest saying what is wrong."""
     text = text.strip()
+    m = _SCALE.match(text)
+    if m is not None:
+        count, limit = int(m["count"]), max(max_workers, num_workers)
+        if not 1 <= count <= limit:
+            raise InvalidRequest(f"--inject={text!r}: can scale to 1..{limit} workers "
+                                 "(raise --max_workers for more)")
+        return Injection("scale", "worker", count, float(m["at"]))
     m = _KILL.match(text) or _SLOW.match(text)
     if m is None:
         raise InvalidRequest(
-            f"--inject={text!r}: expected kill:<task>@<T>s or slow:<task>:x<F>@<T>s[-<T2>s], "
-            "task = worker:<i> | ps:<i> | coordinator | master (e.g. kill:worker:1@30s, "
-            "slow:worker:2:x4@10s-70s)")
+            f"--inject={text!r}: expected kill:<task>@<T>s, slow:<task>:x<F>@<T>s[-<T2>s] or "
+            "scale:workers:<N>@<T>s, task = worker:<i> | ps:<i> | coordinator | master "
+            "(e.g. kill:worker:1@30s, slow:worker:2:x4@10s-70s, scale:workers:4@30s)")
     job = "chief" if m["job"] in ("coordinator", "chief") else m["job"]
     if job in _INDEXED and m["index"] is None:
         raise InvalidRequest(f"--inject={text!r}: {job} needs an index, e.g. {job}:0")

@@ -6,9 +6,9 @@ returns actions; the launcher carries them out through the agents. See
 ``antdt_tf.controller.policy`` for the preset policies and how to write one.
 """
 
-from antdt_tf.controller.actions import Action, RelaunchWorker, ReplacePs
+from antdt_tf.controller.actions import Action, RelaunchWorker, ReplacePs, ScaleWorkers
 from antdt_tf.controller.policy import (AntDTDD, AntDTND, CostModel, DynamicOnly,
                                         Observation, Policy, TaskView, load_policy)
 
 __all__ = ["Action", "AntDTDD", "AntDTND", "CostModel", "DynamicOnly", "Observation",
-           "Policy", "RelaunchWorker", "ReplacePs", "TaskView", "load_policy"]
+           "Policy", "RelaunchWorker", "ReplacePs", "ScaleWorkers", "TaskView", "load_policy"]

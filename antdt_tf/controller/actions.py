@@ -35,3 +35,16 @@ class ReplacePs(Action):
     @property
     def task(self) -> tuple[str, int]:
         return "ps", self.ps
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleWorkers(Action):
+    """Run with ``num_workers`` workers from now on (up to the job's worker slots). New
+    workers start on their hosts first; then the chief is restarted with the new cluster
+    and restores model and sharding state from the last checkpoint (exact); workers
+    scaled away are stopped after the chief let go of them."""
+    num_workers: int = 0
+
+    @property
+    def task(self) -> tuple[str, int]:
+        return "chief", 0

@@ -48,6 +48,8 @@ flags.DEFINE_string("eval_data", "", "A record file (.adtr) to compute the final
                     "logloss on, after training (on the coordinator, reading the PS).")
 flags.DEFINE_float("report_seconds", 1.0, "How often per-worker numbers go to the master's "
                    "ClusterMonitor (for the launcher's progress line and the controller).")
+flags.DEFINE_integer("worker_slots", 0, "pull: worker slots the job may scale to (sizes the "
+                     "per-worker counters in the checkpoint); 0 = the workers in --cluster.")
 flags.DEFINE_integer("incarnation", -1, "This coordinator's incarnation for the master "
                      "(-1: milliseconds since the epoch, which grows with every relaunch).")
 
@@ -95,7 +97,8 @@ def main(argv):
             progress_fn=lambda: client.progress(FLAGS.dataset).datasets[0],
             steps_per_closure=FLAGS.steps_per_closure,
             checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
-            on_progress=report_workers, progress_seconds=FLAGS.report_seconds)
+            on_progress=report_workers, progress_seconds=FLAGS.report_seconds,
+            worker_slots=FLAGS.worker_slots)
     else:
         trainer = ShardTrainer(
             strategy, coordinator, client, FLAGS.dataset, model.train_step, FLAGS.batch_size,

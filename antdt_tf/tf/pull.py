@@ -188,7 +188,7 @@ class PullTrainer:
                  batch_size: int, num_workers: int, progress_fn,
                  steps_per_closure: int = 16, in_flight_per_worker: int = 2,
                  checkpoint_every_seconds: float = 0.0, on_checkpoint=None,
-                 on_progress=None, progress_seconds: float = 1.0):
+                 on_progress=None, progress_seconds: float = 1.0, worker_slots: int = 0):
         self.strategy = strategy
         self.coordinator = coordinator
         self.master = master
@@ -203,13 +203,16 @@ class PullTrainer:
         self.on_progress = on_progress
         self.progress_seconds = progress_seconds
         self._step_fn = step_fn
+        # per-worker counters are sized for every worker slot the job may scale to, so a
+        # checkpoint restores into a chief with more or fewer workers
+        slots = max(num_workers, worker_slots)
         with strategy.scope():
             # per worker: [records trained, shards finished], updated with every step
             # (one PS update per step; per closure would lose a killed closure's steps)
-            self._worker_counts = tf.Variable(tf.zeros([num_workers, 2], tf.int64),
+            self._worker_counts = tf.Variable(tf.zeros([slots, 2], tf.int64),
                                               trainable=False, name="antdt_worker_counts")
             # when each worker finished its latest step (its clock): busy time per worker
-            self._worker_last_step = tf.Variable(tf.zeros([num_workers], tf.float64),
+            self._worker_last_step = tf.Variable(tf.zeros([slots], tf.float64),
                                                  trainable=False, name="antdt_worker_last_step")
         self.counters = tf.train.Checkpoint(worker_counts=self._worker_counts)
         self._train = tf.function(self._train_fn)
