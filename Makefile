@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.antdt-installed
 
-.PHONY: install test test-fast demo demo-sharding bench bench-shard-cost bench-compare protos bazel-test clean
+.PHONY: install test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-scenarios protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ bench: $(STAMP)
 # (1 PS + 3 workers each, real processes; a few minutes per round).
 bench-shard-cost: $(STAMP)
 	$(PY) -m benchmarks.pss_shard_cost --rounds=3 --out benchmarks/results/pss_shard_cost.md
+
+# Straggler scenarios x policies (static, dynamic, AntDT-ND, AntDT-DD) with timeline PNGs
+# (16 whole jobs; about 15 minutes here).
+bench-scenarios: $(STAMP)
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m benchmarks.scenarios --out benchmarks/results/scenarios.md
 
 bench-compare: $(STAMP)
 	$(PY) -m benchmarks.compare_pss --rounds=3 --out benchmarks/results/compare_pss.md

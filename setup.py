@@ -36,6 +36,7 @@ setup(
             "hypothesis>=6.100",
             "grpcio-tools==1.85.1",  # pinned: tests check the checked-in stubs are in sync
         ],
+        "bench": ["matplotlib>=3.8"],   # timelines of benchmarks/scenarios.py
     },
     entry_points={
         "console_scripts": [

@@ -85,8 +85,9 @@ flags.DEFINE_string("workdir", "", "Job directory (data, state, logs). Default: 
 flags.DEFINE_float("timeout_seconds", 1800, "Give up (exit 1) after this long.")
 flags.DEFINE_integer("max_restarts", 5, "Restarts allowed per task before the job fails.")
 flags.DEFINE_boolean("progress", True, "Show the live progress line.")
-flags.DEFINE_string("policy", "antdt-nd", "Controller policy: dynamic (dynamic sharding only, "
-                    "no action), antdt-nd (non-dedicated clusters), antdt-dd (dedicated "
+flags.DEFINE_string("policy", "antdt-nd", "Controller policy: static (static data sharding, "
+                    "no action: the baseline), dynamic (dynamic sharding only, no action), "
+                    "antdt-nd (non-dedicated clusters), antdt-dd (dedicated "
                     "clusters), or module:Class for your own (see antdt_tf.controller.policy).")
 flags.DEFINE_float("controller_interval_seconds", 1.0, "How often the policy is asked.")
 flags.DEFINE_float("straggler_window_seconds", 10.0, "Monitor window (see antdt-master).")
@@ -214,6 +215,8 @@ class LocalJob:
         self.standby_count = 0
         self.health: list = []             # the Monitor's latest TaskHealth list
         self.trainer_records: list[int] = []   # records per worker, the chief's latest report
+        # [seconds since training started, records of worker 0, 1, ...] every 0.5 s
+        self.timeline: list[list] = []
 
     # ------------------------------------------------------------------ processes
 
@@ -278,6 +281,7 @@ class LocalJob:
         if cfg.api == "custom_loop":
             args += [f"--checkpoint_every_shards={cfg.checkpoint_every_shards}",
                      f"--data_path={cfg.data_path}"]
+            args.append(f"--tensorboard_dir={cfg.workdir / 'tensorboard'}")
             if cfg.data_path == "pull":
                 args.append(f"--worker_slots={len(self.spec['worker'])}")
         if cfg.eval_data:
@@ -300,7 +304,10 @@ class LocalJob:
             admin.register_dataset(DatasetSpec(
                 "train", records_per_shard=self.cfg.records_per_shard,
                 num_epochs=self.cfg.epochs, shuffle=self.cfg.shuffle, seed=self.cfg.data_seed,
-                files=(DataFile(self.cfg.data, self.num_records),)))
+                files=(DataFile(self.cfg.data, self.num_records),),
+                static_workers=(self.cfg.num_workers
+                                if getattr(self.policy, "sharding", "dynamic") == "static"
+                                else 0)))
 
     # ------------------------------------------------------------------ the job
 
@@ -720,6 +727,7 @@ class LocalJob:
             "actions": [{k: v for k, v in a.items() if not k.startswith("_")}
                         for a in self.actions],
             "health": [_health_dict(h) for h in self.health],
+            "timeline": self.timeline,
         }
         if "audit" in coord:
             audit = dict(coord["audit"])
@@ -834,6 +842,9 @@ class _ProgressLine:
         self.bar.set_postfix_str(f"shards {shards}/{total_shards} [{share}]", refresh=False)
         self.bar.update(p.records_done_total - self.records)
         self.records = p.records_done_total
+        if self.job.train_t0 is not None and status.trainer.workers:
+            self.job.timeline.append([round(now - self.job.train_t0, 2)] + [
+                w.records for w in status.trainer.workers])
         if self.records and self.first_progress is None:
             self.first_progress = (now, self.records)
         if self.enabled and not self.tty and (final or now - self.last_plain >= self.plain_every):
@@ -912,12 +923,17 @@ def config_from_flags() -> JobConfig:
         from antdt_tf.controller import load_policy
         from antdt_tf.monitor.straggler import StragglerConfig
 
-        load_policy(FLAGS.policy)
+        policy = load_policy(FLAGS.policy)
         StragglerConfig(window_seconds=FLAGS.straggler_window_seconds,
                         slow_ratio=FLAGS.straggler_slow_ratio,
                         persistent_after_seconds=FLAGS.straggler_persistent_after_seconds)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
+    if getattr(policy, "sharding", "dynamic") == "static" and (
+            FLAGS.max_workers > FLAGS.num_workers or FLAGS.api != "custom_loop"
+            or FLAGS.data_path != "pull"):
+        raise app.UsageError("--policy=static (static sharding) needs --api=custom_loop "
+                             "--data_path=pull and no --max_workers")
     if FLAGS.controller_interval_seconds <= 0 or min(
             FLAGS.relaunch_cost_seconds, FLAGS.replace_ps_cost_seconds) < 0:
         raise app.UsageError("--controller_interval_seconds must be > 0 and the cost "

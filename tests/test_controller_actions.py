@@ -78,3 +78,14 @@ def test_dynamic_policy_only_watches(tmp_path):
     assert slow["class"] in ("transient", "persistent", "deterministic")
     assert report["audit"]["applied_1"] == report["records"]
     assert report["records_per_worker"][1] < report["records_per_worker"][0] / 2
+    # the same view as TensorBoard scalars (written by the chief)
+    import tensorflow as tf
+
+    tags = set()
+    for f in (tmp_path / "job" / "tensorboard").glob("events.out.tfevents.*"):
+        for ev in tf.compat.v1.train.summary_iterator(str(f)):
+            tags.update(v.tag for v in ev.summary.value)
+    assert {"monitor/worker1/slowness", "monitor/worker1/straggler_class",
+            "monitor/worker0/bpt_seconds", "monitor/ps0/latency_ms",
+            "trainer/worker1/records"} <= tags
+    assert len(report["timeline"]) > 5 and len(report["timeline"][-1]) == 3

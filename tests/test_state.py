@@ -411,3 +411,61 @@ def test_restoring_a_fully_trained_doing_shard_finishes_the_epoch():
     state.restore_state(saved)
     assert progress(state).finished
     assert state.get_shard("train", W(1)).status == END
+
+
+def make_static(records=90, rps=10, workers=3, epochs=1):
+    clock = Clock()
+    state = ShardState(LeaseConfig(), clock=clock)
+    state.register_dataset(DatasetSpec("train", records_per_shard=rps, num_records=records,
+                                       num_epochs=epochs, shuffle=True, seed=3,
+                                       static_workers=workers))
+    return state, clock
+
+
+def test_static_sharding_gives_each_worker_only_its_block_of_the_epoch():
+    state, _ = make_static(records=95, epochs=2)     # 10 shards: blocks of 4, 3, 3
+    run = state._runs["train"]
+    blocks = lambda: [[run.order(p) for p in r] for r in (range(0, 4), range(4, 7),  # noqa
+                                                            range(7, 10))]
+    first = blocks()
+    shards = lambda ranges: [start // 10 for start, _ in ranges]  # noqa: E731
+    ranges0, status0 = drain(state, W(0))
+    ranges1, status1 = drain(state, W(1))
+    assert (shards(ranges0), status0) == (first[0], WAIT)   # the others' shards are not for it
+    assert (shards(ranges1), status1) == (first[1], WAIT)
+    ranges2, status2 = drain(state, W(2))       # finishes epoch 0, then its block of epoch 1
+    second = blocks()
+    assert second != first                       # reshuffled per epoch
+    assert (shards(ranges2), status2) == (first[2] + second[2], WAIT)
+    assert shards(drain(state, W(0))[0]) == second[0]
+    ranges1, status1 = drain(state, W(1))
+    assert (shards(ranges1), status1) == (second[1], END)
+    assert progress(state).finished and progress(state).records_done_total == 190
+
+
+def test_static_sharding_a_dead_workers_shards_wait_for_its_relaunch():
+    state, _ = make_static()
+    held = state.get_shard("train", W(0)).shard
+    report(state, held, W(0), PROGRESS, records=4)
+    state.report_task_failure(W(0))
+    ranges, status = drain(state, W(1))
+    assert status == WAIT and len(ranges) == 3          # only its own block, not w0's
+    back = state.get_shard("train", W(0, incarnation=1)).shard
+    assert (back.shard_id, back.start, back.length) == (held.shard_id, held.start + 4, 6)
+    report(state, back, W(0, 1))
+    drain(state, W(0, 1))
+    assert drain(state, W(2))[1] == END
+    assert progress(state).records_done_total == 90
+
+
+def test_static_sharding_survives_snapshot_restore():
+    state, _ = make_static()
+    drain(state, W(1))
+    saved = state.snapshot(["train"], with_tasks=False)
+    drain(state, W(0))
+    state.restore_state(saved)
+    assert drain(state, W(1)) == ([], WAIT)              # its block was done at the snapshot
+    assert len(drain(state, W(0))[0]) == 3
+    assert drain(state, W(2))[1] == END
+    p = progress(state)
+    assert p.finished and p.records_done_total == 90     # counts roll back with the state

@@ -200,3 +200,26 @@ def test_after_restart_a_silent_holders_shard_is_reissued_after_one_lease_term(
     assert state2.expire_leases() == 1                  # W(1) never came back
     again = state2.get_shard("train", W(0)).shard
     assert (again.shard_id, again.start, again.length) == (held.shard_id, held.start, held.length)
+
+
+@pytest.mark.parametrize("snapshot_every", [3, 100_000])
+def test_static_sharding_replays_exactly(tmp_path, snapshot_every):
+    state, store = fresh(tmp_path, snapshot_every=snapshot_every)
+    state.register_dataset(DatasetSpec("train", records_per_shard=10, num_records=300,
+                                       shuffle=True, static_workers=2))
+    work(state, 5, task=W(0))
+    work(state, 2, task=W(1))
+    held = state.get_shard("train", W(1)).shard
+    state.report_task_failure(W(1))              # its remainder goes back, first for worker 1
+    if store.needs_snapshot:
+        store.write_snapshot(state.snapshot())
+    before = comparable(state)
+    store._journal_fd and os.close(store._journal_fd)
+    store._journal_fd = None
+    os.close(store._lock_fd)
+    store._lock_fd = None
+    state2, store2, _ = reopen(tmp_path, store)
+    assert comparable(state2) == before
+    again = state2.get_shard("train", W(1, inc=1)).shard
+    assert (again.shard_id, again.start) == (held.shard_id, held.start)
+    store2.close()

@@ -8,7 +8,9 @@ returns actions; the launcher carries them out through the agents. See
 
 from antdt_tf.controller.actions import Action, RelaunchWorker, ReplacePs, ScaleWorkers
 from antdt_tf.controller.policy import (AntDTDD, AntDTND, CostModel, DynamicOnly,
-                                        Observation, Policy, TaskView, load_policy)
+                                        Observation, Policy, StaticSharding, TaskView,
+                                        load_policy)
 
 __all__ = ["Action", "AntDTDD", "AntDTND", "CostModel", "DynamicOnly", "Observation",
-           "Policy", "RelaunchWorker", "ReplacePs", "ScaleWorkers", "TaskView", "load_policy"]
+           "Policy", "RelaunchWorker", "ReplacePs", "ScaleWorkers", "StaticSharding",
+           "TaskView", "load_policy"]

@@ -15,8 +15,11 @@ called about once a second; return ``[]`` to do nothing. The launcher never runs
 disruptive actions at once and ignores actions on a task that is still recovering from
 the previous one.
 
-The presets (AntDT's two, plus the baseline):
+The presets (AntDT's two, plus the baselines):
 
+- ``static``: no action, and static data sharding (the dataset's shard order cut into one
+  contiguous block per worker, as with per-worker file lists): what dynamic sharding is
+  measured against.
 - ``dynamic``: no action. Dynamic sharding alone: fast workers pull more shards, so
   transient and deterministic worker stragglers cost little in asynchronous training.
 - ``antdt-nd`` (non-dedicated clusters: other jobs share the hosts, contention comes and
@@ -115,6 +118,7 @@ class Observation:
 class Policy:
     """Observes, returns actions. Subclass and override :meth:`decide`."""
     name = "policy"
+    sharding = "dynamic"    # how the launcher registers the data: "dynamic" or "static"
 
     def decide(self, obs: Observation) -> Sequence[Action]:
         raise NotImplementedError
@@ -125,6 +129,11 @@ class DynamicOnly(Policy):
 
     def decide(self, obs: Observation) -> Sequence[Action]:
         return []
+
+
+class StaticSharding(DynamicOnly):
+    name = "static"
+    sharding = "static"
 
 
 class _Acting(Policy):
@@ -164,11 +173,12 @@ class AntDTDD(_Acting):
     ps_classes = frozenset({PERSISTENT})
 
 
-PRESETS = {p.name: p for p in (DynamicOnly, AntDTND, AntDTDD)}
+PRESETS = {p.name: p for p in (StaticSharding, DynamicOnly, AntDTND, AntDTDD)}
 
 
 def load_policy(spec: str) -> Policy:
-    """A preset by name (``dynamic``, ``antdt-nd``, ``antdt-dd``) or ``module:Class``."""
+    """A preset by name (``static``, ``dynamic``, ``antdt-nd``, ``antdt-dd``) or
+    ``module:Class``."""
     if spec in PRESETS:
         return PRESETS[spec]()
     if ":" not in spec:

@@ -27,7 +27,7 @@ class DataFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
 
 class DatasetSpec(_message.Message):
-    __slots__ = ("name", "num_records", "files", "records_per_shard", "num_epochs", "shuffle", "seed")
+    __slots__ = ("name", "num_records", "files", "records_per_shard", "num_epochs", "shuffle", "seed", "static_workers")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class DatasetSpec(_message.Message):
     NUM_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     SHUFFLE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    STATIC_WORKERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     num_records: int
     files: _containers.RepeatedCompositeFieldContainer[DataFile]
@@ -42,7 +43,8 @@ class DatasetSpec(_message.Message):
     num_epochs: int
     shuffle: bool
     seed: int
-    def __init__(self, name: _Optional[str] = ..., num_records: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., records_per_shard: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shuffle: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
+    static_workers: int
+    def __init__(self, name: _Optional[str] = ..., num_records: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., records_per_shard: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shuffle: _Optional[bool] = ..., seed: _Optional[int] = ..., static_workers: _Optional[int] = ...) -> None: ...
 
 class RegisterDatasetRequest(_message.Message):
     __slots__ = ("spec",)

@@ -86,7 +86,7 @@ def spec_from_proto(msg: pb.DatasetSpec) -> DatasetSpec:
     return DatasetSpec(name=msg.name, records_per_shard=msg.records_per_shard,
                        num_epochs=msg.num_epochs, num_records=msg.num_records,
                        files=tuple(DataFile(f.path, f.num_records) for f in msg.files),
-                       shuffle=msg.shuffle, seed=msg.seed)
+                       shuffle=msg.shuffle, seed=msg.seed, static_workers=msg.static_workers)
 
 
 def spec_to_proto(spec: DatasetSpec) -> pb.DatasetSpec:
@@ -94,7 +94,8 @@ def spec_to_proto(spec: DatasetSpec) -> pb.DatasetSpec:
                           num_epochs=spec.num_epochs, num_records=spec.num_records,
                           files=[pb.DataFile(path=f.path, num_records=f.num_records)
                                  for f in spec.files],
-                          shuffle=spec.shuffle, seed=spec.seed)
+                          shuffle=spec.shuffle, seed=spec.seed,
+                          static_workers=spec.static_workers)
 
 
 def task_name(task: pb.TaskId) -> str:
@@ -142,6 +143,7 @@ class _Run:
         self.cursor = 0
         self.order = self.plan.order(0)
         self.requeue: collections.deque[tuple[int, int]] = collections.deque()  # (shard, offset)
+        self.start_epoch()
         self.doing: dict[int, _Lease] = {}
         self.poisoned: dict[int, int] = {}     # shard -> offset
         self.failures: dict[int, int] = {}     # shard -> failed attempts this epoch
@@ -156,6 +158,28 @@ class _Run:
     @property
     def finished(self) -> bool:
         return self.epoch >= self.spec.num_epochs
+
+    def start_epoch(self) -> None:
+        """Static sharding: every shard of the epoch is TODO for its owner from the start
+        (all 'issued' to the requeue in order; each worker takes only its own)."""
+        if self.spec.static_workers and not self.finished:
+            self.requeue.extend((self.order(p), 0) for p in range(self.cursor,
+                                                                 self.plan.num_shards))
+            self.cursor = self.plan.num_shards
+
+    def owner(self, shard_id: int) -> int:
+        """Static sharding: the worker index whose block of the epoch's order holds it."""
+        return self.order.inverse(shard_id) * self.spec.static_workers // self.plan.num_shards
+
+    def next_for(self, task: pb.TaskId) -> Optional[tuple[int, int]]:
+        """The (shard, offset) to issue to ``task`` next, None if nothing is for it."""
+        if not self.spec.static_workers:
+            if self.requeue:
+                return self.requeue[0]
+            return (self.order(self.cursor), 0) if self.cursor < self.plan.num_shards else None
+        if task.type != "worker":
+            return None
+        return next((e for e in self.requeue if self.owner(e[0]) == task.index), None)
 
     def todo_shards(self) -> int:
         return 0 if self.finished else self.plan.num_shards - self.cursor + len(self.requeue)
@@ -325,10 +349,11 @@ class ShardState:
                                                shard=self._shard_msg(run, lease))
         if run.finished:
             return pb.GetShardResponse(status=_END)
-        if not run.requeue and run.cursor >= run.plan.num_shards:
+        nxt = run.next_for(task)
+        if nxt is None:
             return pb.GetShardResponse(status=_WAIT,
                                        retry_after_seconds=self._retry_after(run))
-        shard_id, offset = run.requeue[0] if run.requeue else (run.order(run.cursor), 0)
+        shard_id, offset = nxt
         remaining = run.plan.shard_length(shard_id) - offset
         entry = pb.JournalEntry(time=self._now(), issue=pb.IssueEvent(
             dataset=dataset, task=task, lease_id=self._next_lease_id,
@@ -551,7 +576,13 @@ class ShardState:
         run = self._runs[ev.dataset]
         t = self._tasks[f"{ev.task.type}:{ev.task.index}"]
         shard_id, offset = ev.shard_id, ev.offset
-        if run.requeue:
+        if run.spec.static_workers:
+            try:
+                run.requeue.remove((shard_id, offset))
+            except ValueError:
+                raise CorruptState(f"issue of shard {shard_id}@{offset}, which is not TODO"
+                                   ) from None
+        elif run.requeue:
             if run.requeue[0] != (shard_id, offset):
                 raise CorruptState(f"issue of shard {shard_id}@{offset} but the next TODO is "
                                    f"{run.requeue[0]}")
@@ -615,7 +646,10 @@ class ShardState:
             if failures >= self.config.max_failures:
                 run.poisoned[lease.shard_id] = offset
                 return
-        run.requeue.append((lease.shard_id, offset))
+        if run.spec.static_workers:   # every TODO is queued already: the remainder first
+            run.requeue.appendleft((lease.shard_id, offset))
+        else:
+            run.requeue.append((lease.shard_id, offset))
 
     def _release_all(self, t: _Task) -> None:
         for lease_id in sorted(t.leases):
@@ -639,6 +673,7 @@ class ShardState:
         run.failures.clear()
         run.poisoned.clear()
         run.order = run.plan.order(run.epoch)
+        run.start_epoch()
 
     def _apply_restore(self, state: pb.ShardingState, now: float):
         # Leases finished after the snapshot are undone: a repeated DONE for one of them
@@ -657,6 +692,7 @@ class ShardState:
 
     def _run_from_state(self, ds: pb.DatasetState, keep_doing: bool, now: float) -> _Run:
         run = _Run(spec_from_proto(ds.spec))
+        run.requeue.clear()   # (static sharding filled it for epoch 0) the snapshot says
         run.epoch, run.cursor = ds.epoch, ds.cursor
         if not run.finished:
             run.order = run.plan.order(run.epoch)

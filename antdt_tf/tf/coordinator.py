@@ -48,6 +48,9 @@ flags.DEFINE_string("eval_data", "", "A record file (.adtr) to compute the final
                     "logloss on, after training (on the coordinator, reading the PS).")
 flags.DEFINE_float("report_seconds", 1.0, "How often per-worker numbers go to the master's "
                    "ClusterMonitor (for the launcher's progress line and the controller).")
+flags.DEFINE_string("tensorboard_dir", "", "Write the Monitor's view (per-worker BPT, "
+                    "records/s, slowness, straggler class; per-PS latency) as TensorBoard "
+                    "scalars here, every --report_seconds.")
 flags.DEFINE_integer("worker_slots", 0, "pull: worker slots the job may scale to (sizes the "
                      "per-worker counters in the checkpoint); 0 = the workers in --cluster.")
 flags.DEFINE_integer("incarnation", -1, "This coordinator's incarnation for the master "
@@ -80,6 +83,7 @@ def main(argv):
     from antdt_tf.tf.ps_probe import PsProbe
 
     probe = PsProbe(strategy, len(spec["ps"]))
+    board = MonitorScalars(FLAGS.tensorboard_dir) if FLAGS.tensorboard_dir else None
 
     def report_workers(shards, records):
         try:
@@ -87,6 +91,11 @@ def main(argv):
                                    ps_latency_ms=probe.measure())
         except Exception as e:  # progress reports are best effort; training goes on
             logging.warning("per-worker report not delivered: %s", e)
+        if board is not None:
+            try:
+                board.write(monitor.status(), sum(records))
+            except Exception as e:  # scalars are best effort too
+                logging.warning("TensorBoard scalars not written: %s", e)
 
     if FLAGS.data_path == "pull":
         from antdt_tf.tf.pull import PullTrainer
@@ -140,6 +149,42 @@ def main(argv):
 
     write_report(report, FLAGS.report_json)
     _leave(0)
+
+
+class MonitorScalars:
+    """The Monitor's judgement as TensorBoard scalars, stepped by records trained.
+
+    Written with ``tf.summary.write`` and the scalars plugin's metadata (what
+    ``tf.summary.scalar`` does), so no ``tensorboard`` package is needed to write them."""
+
+    def __init__(self, logdir: str):
+        import tensorflow as tf
+        from tensorflow.core.framework import summary_pb2
+
+        self._tf = tf
+        self._writer = tf.summary.create_file_writer(logdir)
+        self._metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+        ).SerializeToString()
+
+    def _scalar(self, tag: str, value: float) -> None:
+        self._tf.summary.write(tag, self._tf.constant(float(value), self._tf.float32),
+                               metadata=self._metadata)
+
+    def write(self, status, step: int) -> None:
+        with self._writer.as_default(step=step):
+            for h in status.health:
+                name = f"monitor/{h.task.job}{h.task.index}"
+                self._scalar(f"{name}/straggler_class", h.straggler_class)
+                self._scalar(f"{name}/slowness", h.slowness)
+                if h.task.job == "worker":
+                    self._scalar(f"{name}/bpt_seconds", h.step_seconds)
+                    self._scalar(f"{name}/records_per_second", h.records_per_second)
+                else:
+                    self._scalar(f"{name}/latency_ms", h.latency_ms)
+            for w in status.trainer.workers:
+                self._scalar(f"trainer/worker{w.worker}/records", w.records)
+        self._writer.flush()
 
 
 def evaluate(tf, model, path: str, batch: int = 8192) -> dict:

@@ -94,7 +94,8 @@ def _call(client, method: str, args, tout, timeout_ms: int, attempts: int = 6):
 
 
 def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
-                 timeout_ms: int = DEFAULT_TIMEOUT_MS) -> tf.data.Dataset:
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                 wait_markers: bool = False) -> tf.data.Dataset:
     """The batches this worker trains, pulled shard by shard from the master.
 
     Call inside the ``dataset_fn`` of ``ClusterCoordinator.create_per_worker_dataset``
@@ -102,6 +103,13 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     decoded features (``label``, ``dense``, ``sparse``) plus ``record_id`` (global record
     index, for the audit) and ``antdt`` (what :func:`report_applied` needs). The dataset
     ends when the master says every epoch is done.
+
+    ``wait_markers``: when the master has nothing for this worker now (WAIT, after its
+    2 s long poll), yield one empty batch, so that a training loop can end its closure
+    instead of blocking in ``get_next`` until more data comes. A chief that waits for
+    its closures (to checkpoint) would otherwise wait for a worker that waits for data
+    only another, unscheduled closure would train (seen: a checkpoint stalled until a
+    lease expired; with static sharding, forever).
     """
     if worker is None:
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -117,17 +125,24 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
         return {"status": status, "lease": lease, "shard": shard, "epoch": epoch,
                 "path": path, "file_start": file_start, "start": start, "length": length}
 
+    wanted = (STATUS_SHARD, STATUS_WAIT) if wait_markers else (STATUS_SHARD,)
     leases = (tf.data.Dataset.range(2 ** 62)          # sequential: one lease at a time
               .map(next_lease)
               .take_while(lambda d: d["status"] != STATUS_END)
-              .filter(lambda d: d["status"] == STATUS_SHARD))
+              .filter(lambda d: tf.reduce_any(tf.equal(d["status"], wanted))))
 
     def shard_batches(d):
         # Batches never span shards: a partial batch waiting for the next lease could
         # wait forever when that lease is its own shard's remainder (end of the data).
         raw = raw_shard_dataset(d["path"], d["file_start"], d["length"], batch_size)
         offsets = tf.data.Dataset.range(d["length"]).batch(batch_size)
-        return tf.data.Dataset.zip((raw, offsets)).map(lambda r, o: to_batch(r, o, d))
+        batches = tf.data.Dataset.zip((raw, offsets)).map(lambda r, o: to_batch(r, o, d))
+        if wait_markers:   # a WAIT (length 0, nothing read): one empty batch
+            marker = tf.data.Dataset.range(
+                tf.cast(tf.equal(d["status"], STATUS_WAIT), tf.int64)).map(
+                lambda _: to_batch(tf.zeros([0], tf.string), tf.zeros([0], tf.int64), d))
+            batches = batches.concatenate(marker)
+        return batches
 
     def to_batch(raw, offset, d):
         batch = decode_records(raw)
@@ -236,7 +251,10 @@ class PullTrainer:
             batch = iterator.get_next_as_optional()
             if not batch.has_value():
                 break
-            self.strategy.run(replica_fn, args=(batch.get_value(), worker))
+            value = batch.get_value()
+            if tf.equal(tf.shape(value["label"])[0], 0):
+                break    # the master has nothing for this worker now: end the closure
+            self.strategy.run(replica_fn, args=(value, worker))
             stepped = tf.constant(True)
         if stepped:   # when this worker finished a step last (its clock): busy time
             self._worker_last_step.scatter_update(tf.IndexedSlices(
@@ -250,7 +268,7 @@ class PullTrainer:
     def train(self) -> PullResult:
         master, dataset, batch_size = self.master, self.dataset, self.batch_size
         per_worker = self.coordinator.create_per_worker_dataset(
-            lambda: pull_dataset(master, dataset, batch_size))
+            lambda: pull_dataset(master, dataset, batch_size, wait_markers=True))
         iterator = iter(per_worker)
         slots = threading.Semaphore(self.window)
         errors: list[BaseException] = []

@@ -1,0 +1,179 @@
+"""Straggler scenarios x policies: how much each policy saves, with timelines.
+
+Usage::
+
+    python -m benchmarks.scenarios [--records=600000] [--scenarios=1,2,3,4]
+        [--policies=static,dynamic,antdt-nd,antdt-dd] [--out=benchmarks/results/scenarios.md]
+
+Every run is a whole ``antdt-launch`` job (agents, master, PS, workers, coordinator: real
+processes on this machine) on the same generated record file, with the audit on, and a
+real slowdown injected by the agent (SIGSTOP/SIGCONT duty cycling):
+
+1. transient worker straggler: worker 2 at 1/4 speed from 3 s to 9 s;
+2. persistent worker straggler: worker 2 at 1/4 speed from 3 s to the end;
+3. deterministic heterogeneity: workers 1 and 2 at half speed all along (asynchronous
+   training; the BSP mode is not built yet);
+4. persistent PS straggler: ps 0 (of 2) at 1/3 speed from 3 s to the end.
+
+Policies: ``static`` (static sharding, no action: the baseline), ``dynamic`` (dynamic
+sharding only), ``antdt-nd``, ``antdt-dd`` (see ``antdt_tf.controller.policy``).
+
+Numbers: JCT = the launcher's ``jct_seconds`` (first shard leased -> every record
+applied, from the master's journal; includes pauses of actions, excludes process
+start-up); vs static = JCT / JCT of ``static`` in the same scenario; ideal = records /
+sum of the per-worker rates measured in the same run (records a worker trained / the
+time from training start to its last step — a relaunched worker's downtime counts in
+its rate, so relaunch costs are in the ideal). The Monitor's horizon is scaled to these
+short jobs (``--straggler_window_seconds=4 --straggler_persistent_after_seconds=4``) and
+the cost model starts from the costs measured here (relaunch 10 s, PS replacement 15 s).
+
+A timeline PNG per run (records applied per worker over time, from the launcher's
+report; actions and injections marked) goes next to the table.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("records", 600_000, "Training records.")
+flags.DEFINE_list("scenarios", ["1", "2", "3", "4"], "Scenarios to run (1-4).")
+flags.DEFINE_list("policies", ["static", "dynamic", "antdt-nd", "antdt-dd"], "Policies.")
+flags.DEFINE_integer("rounds", 1, "Repetitions of every (scenario, policy); medians.")
+flags.DEFINE_string("out", "benchmarks/results/scenarios.md", "Results table (markdown).")
+flags.DEFINE_integer("batch_size", 256, "Batch size.")
+
+SCENARIOS = {
+    "1": ("transient worker straggler (w2 x4, 3-9 s)", 1, ["slow:worker:2:x4@3s-9s"]),
+    "2": ("persistent worker straggler (w2 x4 from 3 s)", 1, ["slow:worker:2:x4@3s"]),
+    "3": ("deterministic heterogeneity (w1, w2 x2 all along)", 1,
+          ["slow:worker:1:x2@0s", "slow:worker:2:x2@0s"]),
+    "4": ("persistent PS straggler (ps0 x3 from 3 s)", 2, ["slow:ps:0:x3@3s"]),
+}
+LAUNCH = [sys.executable, "-m", "antdt_tf.launch"]
+
+
+def run_job(workdir: pathlib.Path, data: str, num_ps: int, injections, policy: str) -> dict:
+    report = workdir / "report.json"
+    cmd = LAUNCH + [f"--num_ps={num_ps}", "--num_workers=3", f"--data={data}", "--eval_data=",
+                    f"--batch_size={FLAGS.batch_size}", "--audit", f"--policy={policy}",
+                    "--straggler_window_seconds=4", "--straggler_persistent_after_seconds=4",
+                    "--relaunch_cost_seconds=10", "--replace_ps_cost_seconds=15",
+                    "--checkpoint_every_seconds=5", "--progress=false",
+                    f"--workdir={workdir}", f"--report_json={report}", "--timeout_seconds=600"]
+    cmd += [f"--inject={i}" for i in injections]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0 or not report.exists():
+        raise RuntimeError(f"job failed ({' '.join(cmd)}):\n{out.stderr[-3000:]}")
+    return json.loads(report.read_text())
+
+
+def ideal_jct(report: dict) -> float:
+    coord = report["coordinator"]
+    start = report["train_started_unix"]
+    rates = [r / (last - start) for r, last in zip(coord["records_per_worker"],
+                                                  coord.get("worker_last_step_unix", []))
+             if r and last > start]
+    return report["records"] / sum(rates) if rates else float("nan")
+
+
+def plot(path: pathlib.Path, title: str, report: dict) -> None:
+    """Records applied per worker over time (the launcher's ``timeline``: the chief's
+    per-worker counters every 0.5 s), injections (grey) and actions (red) marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["timeline"]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for w in range(len(rows[0]) - 1 if rows else 0):
+        ax.step([r[0] for r in rows], [r[w + 1] for r in rows], where="post",
+                label=f"worker {w}")
+    startup = report["startup_seconds"]
+    top = max((max(r[1:]) for r in rows), default=1)
+    for ev in report["events"]:
+        t = ev["t"] - startup
+        if "action" in ev:
+            ax.axvline(t, color="red", ls="--", lw=1)
+            ax.text(t, top, " " + ev["action"], color="red", fontsize=7, va="top")
+        elif "injected" in ev:
+            ax.axvline(t, color="grey", ls=":", lw=1)
+    ax.set_xlabel("seconds since the first shard was leased")
+    ax.set_ylabel("records applied")
+    ax.set_title(title, fontsize=9)
+    if rows:
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv):
+    del argv
+    from antdt_tf.launch import generate_data
+
+    out = pathlib.Path(FLAGS.out)
+    plots = out.parent / "scenarios"
+    plots.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="antdt-scenarios-"))
+    data, _ = generate_data(tmp, FLAGS.records, 0, seed=1)
+    results = {}
+    for sc in FLAGS.scenarios:
+        title, num_ps, injections = SCENARIOS[sc]
+        for rnd in range(FLAGS.rounds):
+            for policy in FLAGS.policies:
+                workdir = tmp / f"s{sc}-{policy}-{rnd}"
+                t = time.monotonic()
+                report = run_job(workdir, data, num_ps, injections, policy)
+                row = {"jct": report["jct_seconds"], "ideal": ideal_jct(report),
+                       "actions": [a["action"] + (f" {a['job']}:{a['index']}"
+                                                  if a["action"] != "ScaleWorkers" else "")
+                                   for a in report["actions"]],
+                       "audit_ok": report["audit"]["ok"],
+                       "off": report["audit"]["applied_other"],
+                       "share": report["records_per_worker"]}
+                results.setdefault((sc, policy), []).append(row)
+                print(f"scenario {sc} {policy:9s} round {rnd}: JCT {row['jct']:.1f}s "
+                      f"ideal {row['ideal']:.1f}s actions {row['actions']} "
+                      f"({time.monotonic() - t:.0f}s)", flush=True)
+                if rnd == 0:
+                    plot(plots / f"s{sc}-{policy}.png", f"scenario {sc}: {title} — {policy}",
+                         report)
+    lines = [f"# Straggler scenarios x policies ({time.strftime('%Y-%m-%d')}; 2 cores; "
+             f"{FLAGS.records:,} records, batch {FLAGS.batch_size}, 3 workers; "
+             f"{FLAGS.rounds} round(s), medians)", "",
+             "Definitions: see the docstring of `benchmarks/scenarios.py`. Timelines: "
+             "`benchmarks/results/scenarios/s<scenario>-<policy>.png`.", "",
+             "| scenario | policy | JCT (s) | vs static | ideal JCT (s) | JCT / ideal | "
+             "actions | audit (records off) |",
+             "|---|---|---:|---:|---:|---:|---|---|"]
+    for sc in FLAGS.scenarios:
+        base = results.get((sc, "static"))
+        base_jct = statistics.median(r["jct"] for r in base) if base else float("nan")
+        for policy in FLAGS.policies:
+            rows = results[(sc, policy)]
+            jct = statistics.median(r["jct"] for r in rows)
+            ideal = statistics.median(r["ideal"] for r in rows)
+            acts = ", ".join(sorted({a for r in rows for a in r["actions"]})) or "none"
+            ok = all(r["audit_ok"] for r in rows)
+            lines.append(f"| {sc}: {SCENARIOS[sc][0]} | {policy} | {jct:.1f} | "
+                         f"{jct / base_jct:.2f} | {ideal:.1f} | {jct / ideal:.2f} | {acts} | "
+                         f"{'ok' if ok else 'FAILED'} ({max(r['off'] for r in rows)}) |")
+    lines += ["", "Reproduce: `make bench-scenarios` (= `python -m benchmarks.scenarios "
+              f"--records={FLAGS.records}`)."]
+    from benchmarks.results_table import write_table
+
+    write_table(str(out), lines)
+
+
+if __name__ == "__main__":
+    app.run(main)
