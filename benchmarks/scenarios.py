@@ -43,13 +43,14 @@ import time
 
 from absl import app, flags
 
+from antdt_tf.launch import generate_data   # also defines --batch_size (used here too)
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("records", 600_000, "Training records.")
 flags.DEFINE_list("scenarios", ["1", "2", "3", "4"], "Scenarios to run (1-4).")
 flags.DEFINE_list("policies", ["static", "dynamic", "antdt-nd", "antdt-dd"], "Policies.")
 flags.DEFINE_integer("rounds", 1, "Repetitions of every (scenario, policy); medians.")
 flags.DEFINE_string("out", "benchmarks/results/scenarios.md", "Results table (markdown).")
-flags.DEFINE_integer("batch_size", 256, "Batch size.")
 
 SCENARIOS = {
     "1": ("transient worker straggler (w2 x4, 3-9 s)", 1, ["slow:worker:2:x4@3s-9s"]),
@@ -119,8 +120,6 @@ def plot(path: pathlib.Path, title: str, report: dict) -> None:
 
 def main(argv):
     del argv
-    from antdt_tf.launch import generate_data
-
     out = pathlib.Path(FLAGS.out)
     plots = out.parent / "scenarios"
     plots.mkdir(parents=True, exist_ok=True)
