@@ -213,6 +213,7 @@ class LocalJob:
                                min_gain_seconds=cfg.min_gain_seconds)
         self.actions: list[dict] = []      # what the controller did, with outcomes
         self.standby_count = 0
+        self.best_rate = 0.0     # the job's best records/s (every worker judged) so far
         self.health: list = []             # the Monitor's latest TaskHealth list
         self.trainer_records: list[int] = []   # records per worker, the chief's latest report
         # [seconds since training started, records of worker 0, 1, ...] every 0.5 s
@@ -307,7 +308,11 @@ class LocalJob:
                 files=(DataFile(self.cfg.data, self.num_records),),
                 static_workers=(self.cfg.num_workers
                                 if getattr(self.policy, "sharding", "dynamic") == "static"
-                                else 0)))
+                                else 0),
+                # only PullTrainer skips the batches of a lease whose report was refused
+                tail_stealing=(getattr(self.policy, "tail_stealing", False)
+                               and self.cfg.api == "custom_loop"
+                               and self.cfg.data_path == "pull")))
 
     # ------------------------------------------------------------------ the job
 
@@ -427,10 +432,13 @@ class LocalJob:
         cooldown = self.cfg.straggler_window_seconds
         busy = frozenset((a["job"], a["index"]) for a in self.actions
                          if now - a.get("_done_at", now) < cooldown)
+        rate = sum(v.records_per_second for v in views if v.job == "worker")
+        if all(v.samples for v in views if v.job == "worker"):
+            self.best_rate = max(self.best_rate, rate)
         obs = Observation(now=time.time(), workers=tuple(v for v in views if v.job == "worker"),
                           ps=tuple(v for v in views if v.job == "ps"),
                           remaining_records=max(0, self.num_records * self.cfg.epochs - records),
-                          costs=self.costs, busy=busy)
+                          costs=self.costs, busy=busy, best_records_per_second=self.best_rate)
         try:
             actions = list(self.policy.decide(obs))
         except Exception as e:  # a user policy's bug must not take the job down
@@ -671,6 +679,16 @@ class LocalJob:
             return p.started_unix, p.finished_unix
         return None
 
+    def _stolen_leases(self) -> int:
+        """Lease remainders idle workers took over (tail work-stealing)."""
+        from antdt_tf.sharding.client import ShardingClient
+
+        try:
+            with ShardingClient(self.master_address, timeout=5) as c:
+                return c.progress("train").datasets[0].stolen_leases
+        except AntdtError:
+            return 0
+
     def _records_done(self) -> int:
         from antdt_tf.sharding.client import ShardingClient
 
@@ -728,6 +746,7 @@ class LocalJob:
                         for a in self.actions],
             "health": [_health_dict(h) for h in self.health],
             "timeline": self.timeline,
+            "stolen_leases": self._stolen_leases(),
         }
         if "audit" in coord:
             audit = dict(coord["audit"])
@@ -877,6 +896,9 @@ def summary_table(report: dict) -> str:
     if report.get("auc") is not None:
         lines.append(f"AUC {report['auc']:.4f}, logloss {report['logloss']:.4f} "
                      f"(held-out, {report['coordinator'].get('eval_records', 0):,} records)")
+    if report.get("stolen_leases"):
+        lines.append(f"tail work-stealing: {report['stolen_leases']} lease remainder(s) "
+                     "taken over by idle workers")
     for ev in report["failures"]:
         resumed = ev.get("resumed_after_s")
         lines.append(f"failure at {ev['t']:.1f}s: {ev['event']}"

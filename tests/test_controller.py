@@ -66,6 +66,11 @@ def test_a_slow_ps_is_replaced_first_and_only_when_it_pays():
     assert o.costs.replace_ps_gain(o, 0) == pytest.approx(200 - (30 + 200 * 28.2 / 51.2),
                                                           abs=0.5)
     assert AntDTND().decide(obs(workers, slow_ps, remaining=100_000)) == []
+    # the job ran 2.5x faster before the PS slowed down: that is the rate to expect back
+    fast_before = Observation(0.0, tuple(workers), tuple(slow_ps), 3_000_000, CostModel(),
+                              best_records_per_second=37_500.0)
+    assert fast_before.costs.replace_ps_gain(fast_before, 0) == pytest.approx(
+        200 - (30 + 80), abs=0.5)
     assert AntDTDD().decide(obs(workers, [ps(0, "deterministic", 12.0, 25.0), ps(1)],
                                 remaining=3_000_000)) == []
 

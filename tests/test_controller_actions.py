@@ -43,7 +43,7 @@ def test_antdt_nd_replaces_a_slow_ps_and_restores_exactly(tmp_path):
     report, out = launch(tmp_path, "--num_ps=2", "--num_workers=2", "--policy=antdt-nd",
                          "--straggler_window_seconds=4", "--replace_ps_cost_seconds=1",
                          "--checkpoint_every_seconds=3", "--inject=slow:ps:0:x3@0s",
-                         records=240_000)
+                         records=400_000)
     assert len(report["actions"]) == 1, (report["actions"], report["health"], report["events"])
     act = report["actions"][0]
     assert (act["action"], act["job"], act["index"]) == ("ReplacePs", "ps", 0)
@@ -67,6 +67,19 @@ def test_scale_out_then_in_while_the_job_runs(tmp_path):
     assert in_["records_per_worker_before"][2] > 0     # the third worker trained a while
     assert report["audit"]["applied_1"] == report["records"]   # exact through both restarts
     assert "ScaleWorkers 2 -> 3 workers" in out and "ScaleWorkers 3 -> 2 workers" in out
+
+
+def test_tail_stealing_takes_over_a_slow_workers_shards_exactly(tmp_path):
+    """Idle fast workers take the rest of the 4x-slowed worker's shards at the end; the
+    slowed worker applies the batch it was training and skips the rest (its report is
+    refused): every record still applied exactly once."""
+    report, out = launch(tmp_path, "--num_ps=1", "--num_workers=3", "--policy=antdt-nd",
+                         "--min_gain_seconds=100000",       # no relaunch: stealing alone
+                         "--inject=slow:worker:2:x4@0s", records=160_000)
+    assert report["actions"] == []
+    assert report["stolen_leases"] >= 1, report["events"]
+    assert report["audit"]["applied_1"] == report["records"]
+    assert "tail work-stealing" in out
 
 
 def test_dynamic_policy_only_watches(tmp_path):

@@ -469,3 +469,52 @@ def test_static_sharding_survives_snapshot_restore():
     assert drain(state, W(2))[1] == END
     p = progress(state)
     assert p.finished and p.records_done_total == 90     # counts roll back with the state
+
+
+def test_tail_stealing_takes_the_rest_of_a_slow_workers_lease_one_batch_ahead():
+    clock = Clock()
+    state = ShardState(LeaseConfig(), clock=clock)
+    state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=400,
+                                       tail_stealing=True))
+    slow, fast = W(0), W(1)
+    a = state.get_shard("train", slow).shard
+    clock.now += 10                                  # 0.1 s per record
+    report(state, a, slow)
+    b = state.get_shard("train", slow).shard
+    for _ in range(2):
+        c = state.get_shard("train", fast).shard
+        clock.now += 1                               # 0.01 s per record
+        report(state, c, fast)
+    report(state, b, slow, PROGRESS, records=10)
+    report(state, b, slow, PROGRESS, records=20)     # batches of 10
+    stolen = state.get_shard("train", fast)          # nothing TODO: it takes b's rest
+    assert stolen.status == SHARD
+    assert (stolen.shard.shard_id, stolen.shard.start, stolen.shard.length) == (
+        b.shard_id, b.start + 30, 70)                # after the batch slow is training now
+    with pytest.raises(LeaseNotHeld):                # slow learns it from its next report
+        report(state, b, slow, PROGRESS, records=30)
+    report(state, stolen.shard, fast)
+    assert state.get_shard("train", slow).status == END
+    p = progress(state)
+    assert p.finished and p.records_done_total == 400 and p.stolen_leases == 1
+    assert [t.failures for t in state.progress("train").tasks] == [0, 0]
+
+
+def test_tail_stealing_leaves_leases_alone_when_it_would_not_pay():
+    clock = Clock()
+    state = ShardState(LeaseConfig(), clock=clock)
+    state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=300,
+                                       tail_stealing=True))
+    w0, w1 = W(0), W(1)
+    for w in (w0, w1):                               # equally fast
+        s = state.get_shard("train", w).shard
+        clock.now += 1
+        report(state, s, w)
+    held = state.get_shard("train", w0).shard
+    report(state, held, w0, PROGRESS, records=10)
+    assert state.get_shard("train", w1).status == WAIT
+    report(state, held, w0, PROGRESS, records=85)    # a slow one, but too little left
+    assert progress(state).stolen_leases == 0
+    with pytest.raises(InvalidRequest, match="exclude each other"):
+        DatasetSpec("x", records_per_shard=1, num_records=2, static_workers=2,
+                    tail_stealing=True)

@@ -223,3 +223,34 @@ def test_static_sharding_replays_exactly(tmp_path, snapshot_every):
     again = state2.get_shard("train", W(1, inc=1)).shard
     assert (again.shard_id, again.start) == (held.shard_id, held.start)
     store2.close()
+
+
+def test_a_steal_replays_exactly(tmp_path):
+    state, store = fresh(tmp_path)
+    state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=300,
+                                       tail_stealing=True))
+    slow, fast = W(0), W(1)
+    work(state, 1, task=fast)
+    held = state.get_shard("train", slow).shard
+    work(state, 1, task=fast)
+    for k in (10, 20):
+        state.report_shard(pb.ReportShardRequest(
+            dataset="train", task=slow, lease_id=held.lease_id, shard_id=held.shard_id,
+            outcome=PROGRESS, records_processed=k))
+    # make the slow worker look slow: its EWMA from an (earlier) slow shard
+    state._tasks["worker:0"].seconds_per_record = 1.0
+    state._tasks["worker:1"].seconds_per_record = 0.01
+    rest = state.get_shard("train", fast).shard
+    assert (rest.shard_id, rest.start) == (held.shard_id, held.start + 30)
+    # (the poked speeds above are not journaled: compare the datasets, not the tasks)
+    datasets = lambda st: st.snapshot(with_tasks=False).SerializeToString(  # noqa: E731
+        deterministic=True)
+    before = datasets(state)
+    store._journal_fd and os.close(store._journal_fd)
+    store._journal_fd = None
+    os.close(store._lock_fd)
+    store._lock_fd = None
+    state2, store2, _ = reopen(tmp_path, store)
+    assert datasets(state2) == before
+    assert state2.progress("train").datasets[0].stolen_leases == 1
+    store2.close()

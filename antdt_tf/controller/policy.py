@@ -23,12 +23,14 @@ The presets (AntDT's two, plus the baselines):
 - ``dynamic``: no action. Dynamic sharding alone: fast workers pull more shards, so
   transient and deterministic worker stragglers cost little in asynchronous training.
 - ``antdt-nd`` (non-dedicated clusters: other jobs share the hosts, contention comes and
-  goes): transient stragglers are left to dynamic sharding; a *persistent* or
+  goes): tail work-stealing on (an idle worker takes over the rest of a much slower
+  worker's shard, one batch after its last report); transient stragglers are left to
+  dynamic sharding; a *persistent* or
   *deterministic* worker straggler is killed and relaunched on another host, a
   persistent or deterministic PS straggler is replaced by a PS on another host — each
   only when the cost model says the job finishes sooner that way.
 - ``antdt-dd`` (dedicated clusters: the hosts are the job's, slowness is mostly
-  hardware): deterministic stragglers are kept (moving to an equal host does not help;
+  hardware): tail work-stealing on; deterministic stragglers are kept (moving to an equal host does not help;
   dynamic sharding already gives every worker work in proportion to its speed);
   *persistent* stragglers (a host that degraded during the job) are relaunched or
   replaced, again only when it pays.
@@ -84,9 +86,11 @@ class CostModel:
         return without - with_action
 
     def replace_ps_gain(self, obs: "Observation", ps: int) -> float:
-        """Seconds saved by replacing ``ps``: every step waits on it at least once, so a
-        healthy PS takes its excess latency out of the step time; the whole job pauses
-        for the replacement."""
+        """Seconds saved by replacing ``ps``; the whole job pauses for the replacement.
+        Afterwards the job runs at least as fast as when every PS was healthy (the best
+        job rate seen so far, if the PS was normal once), and at least as fast as when
+        every step waits one round trip less on the slow PS (its excess latency taken out
+        of the step time: a lower bound, steps touch a PS several times)."""
         views = {p.index: p for p in obs.ps if p.samples}
         steps = [w.step_seconds for w in obs.workers if w.step_seconds > 0]
         rate = sum(w.records_per_second for w in obs.workers)
@@ -97,7 +101,8 @@ class CostModel:
             base = views[ps].latency_ms / max(views[ps].slowness, 1.0)
         excess = max(0.0, views[ps].latency_ms - base) / 1e3
         step = statistics.median(steps)
-        rate_after = rate * step / max(step - excess, 0.1 * step)
+        rate_after = max(rate * step / max(step - excess, 0.1 * step),
+                         obs.best_records_per_second)
         without = obs.remaining_records / rate
         return without - (self.replace_ps_seconds + obs.remaining_records / rate_after)
 
@@ -110,6 +115,7 @@ class Observation:
     remaining_records: int
     costs: CostModel
     busy: frozenset = frozenset()    # (job, index) with an action in flight or cooling down
+    best_records_per_second: float = 0.0   # the job's best rate so far (all workers)
 
     def busy_with(self, task: TaskView) -> bool:
         return (task.job, task.index) in self.busy
@@ -119,6 +125,7 @@ class Policy:
     """Observes, returns actions. Subclass and override :meth:`decide`."""
     name = "policy"
     sharding = "dynamic"    # how the launcher registers the data: "dynamic" or "static"
+    tail_stealing = False   # the master lets idle workers take over slow workers' leases
 
     def decide(self, obs: Observation) -> Sequence[Action]:
         raise NotImplementedError
@@ -163,12 +170,14 @@ class _Acting(Policy):
 
 class AntDTND(_Acting):
     name = "antdt-nd"
+    tail_stealing = True
     worker_classes = frozenset({PERSISTENT, DETERMINISTIC})
     ps_classes = frozenset({PERSISTENT, DETERMINISTIC})
 
 
 class AntDTDD(_Acting):
     name = "antdt-dd"
+    tail_stealing = True
     worker_classes = frozenset({PERSISTENT})
     ps_classes = frozenset({PERSISTENT})
 

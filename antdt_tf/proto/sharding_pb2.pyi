@@ -27,7 +27,7 @@ class DataFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
 
 class DatasetSpec(_message.Message):
-    __slots__ = ("name", "num_records", "files", "records_per_shard", "num_epochs", "shuffle", "seed", "static_workers")
+    __slots__ = ("name", "num_records", "files", "records_per_shard", "num_epochs", "shuffle", "seed", "static_workers", "tail_stealing")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class DatasetSpec(_message.Message):
     SHUFFLE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     STATIC_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_STEALING_FIELD_NUMBER: _ClassVar[int]
     name: str
     num_records: int
     files: _containers.RepeatedCompositeFieldContainer[DataFile]
@@ -44,7 +45,8 @@ class DatasetSpec(_message.Message):
     shuffle: bool
     seed: int
     static_workers: int
-    def __init__(self, name: _Optional[str] = ..., num_records: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., records_per_shard: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shuffle: _Optional[bool] = ..., seed: _Optional[int] = ..., static_workers: _Optional[int] = ...) -> None: ...
+    tail_stealing: bool
+    def __init__(self, name: _Optional[str] = ..., num_records: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., records_per_shard: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shuffle: _Optional[bool] = ..., seed: _Optional[int] = ..., static_workers: _Optional[int] = ..., tail_stealing: _Optional[bool] = ...) -> None: ...
 
 class RegisterDatasetRequest(_message.Message):
     __slots__ = ("spec",)
@@ -191,7 +193,7 @@ class GetProgressRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DatasetProgress(_message.Message):
-    __slots__ = ("name", "epoch", "num_epochs", "shards_per_epoch", "todo_shards", "doing_shards", "done_shards", "poisoned_shards", "records_per_epoch", "records_done_epoch", "records_done_total", "finished", "poisoned_shard_ids", "seconds_per_record", "started_unix", "finished_unix")
+    __slots__ = ("name", "epoch", "num_epochs", "shards_per_epoch", "todo_shards", "doing_shards", "done_shards", "poisoned_shards", "records_per_epoch", "records_done_epoch", "records_done_total", "finished", "poisoned_shard_ids", "seconds_per_record", "started_unix", "finished_unix", "stolen_leases")
     NAME_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NUM_EPOCHS_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +210,7 @@ class DatasetProgress(_message.Message):
     SECONDS_PER_RECORD_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_FIELD_NUMBER: _ClassVar[int]
     FINISHED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    STOLEN_LEASES_FIELD_NUMBER: _ClassVar[int]
     name: str
     epoch: int
     num_epochs: int
@@ -224,7 +227,8 @@ class DatasetProgress(_message.Message):
     seconds_per_record: float
     started_unix: float
     finished_unix: float
-    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: _Optional[bool] = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ...) -> None: ...
+    stolen_leases: int
+    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: _Optional[bool] = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., stolen_leases: _Optional[int] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("task", "state", "shards_done", "records_done", "doing_shards", "failures", "seconds_per_record")
@@ -271,7 +275,7 @@ class ShardRemainder(_message.Message):
     def __init__(self, shard_id: _Optional[int] = ..., offset: _Optional[int] = ..., failures: _Optional[int] = ..., lease_id: _Optional[int] = ..., holder: _Optional[_Union[TaskId, _Mapping]] = ..., applied: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
 
 class DatasetState(_message.Message):
-    __slots__ = ("spec", "epoch", "cursor", "requeued", "doing", "poisoned", "failure_counts", "records_done_epoch", "records_done_total", "seconds_per_record")
+    __slots__ = ("spec", "epoch", "cursor", "requeued", "doing", "poisoned", "failure_counts", "records_done_epoch", "records_done_total", "seconds_per_record", "stolen_leases")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +286,7 @@ class DatasetState(_message.Message):
     RECORDS_DONE_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RECORDS_DONE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SECONDS_PER_RECORD_FIELD_NUMBER: _ClassVar[int]
+    STOLEN_LEASES_FIELD_NUMBER: _ClassVar[int]
     spec: DatasetSpec
     epoch: int
     cursor: int
@@ -292,7 +297,8 @@ class DatasetState(_message.Message):
     records_done_epoch: int
     records_done_total: int
     seconds_per_record: float
-    def __init__(self, spec: _Optional[_Union[DatasetSpec, _Mapping]] = ..., epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., requeued: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., doing: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., poisoned: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., failure_counts: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., seconds_per_record: _Optional[float] = ...) -> None: ...
+    stolen_leases: int
+    def __init__(self, spec: _Optional[_Union[DatasetSpec, _Mapping]] = ..., epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., requeued: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., doing: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., poisoned: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., failure_counts: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., seconds_per_record: _Optional[float] = ..., stolen_leases: _Optional[int] = ...) -> None: ...
 
 class TaskState(_message.Message):
     __slots__ = ("task", "dead", "shards_done", "records_done", "failures", "seconds_per_record", "recent_done_leases")
@@ -427,11 +433,13 @@ class SettleEvent(_message.Message):
         FAILED: _ClassVar[SettleEvent.Kind]
         PROGRESS: _ClassVar[SettleEvent.Kind]
         EXPIRED: _ClassVar[SettleEvent.Kind]
+        STOLEN: _ClassVar[SettleEvent.Kind]
     KIND_UNSPECIFIED: SettleEvent.Kind
     DONE: SettleEvent.Kind
     FAILED: SettleEvent.Kind
     PROGRESS: SettleEvent.Kind
     EXPIRED: SettleEvent.Kind
+    STOLEN: SettleEvent.Kind
     DATASET_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]

@@ -40,6 +40,7 @@ class DatasetSpec:
     shuffle: bool = False
     seed: int = 0
     static_workers: int = 0    # > 0: static sharding over worker:0..N-1 (a baseline)
+    tail_stealing: bool = False   # idle workers take over the rest of slow workers' leases
 
     def __post_init__(self):
         if not _NAME_RE.match(self.name or ""):
@@ -70,6 +71,9 @@ class DatasetSpec:
                 f"dataset {self.name}: num_records must be > 0 (or give files), got {self.num_records}")
         if not 0 <= self.seed < 2**64:
             raise InvalidRequest(f"dataset {self.name}: seed must fit in uint64")
+        if self.static_workers and self.tail_stealing:
+            raise InvalidRequest(f"dataset {self.name}: static sharding and tail stealing "
+                                 "exclude each other")
         if not 0 <= self.static_workers <= 100_000:
             raise InvalidRequest(f"dataset {self.name}: static_workers must be in [0, 100000], "
                                  f"got {self.static_workers}")

@@ -46,6 +46,12 @@ Settle = pb.SettleEvent.Kind
 # Plain ints: protobuf enum attribute lookups are slow on the hot path.
 _DONE, _FAILED, _PROGRESS = Outcome.DONE, Outcome.FAILED, Outcome.PROGRESS
 _S_DONE, _S_FAILED, _S_PROGRESS, _S_EXPIRED = Settle.DONE, Settle.FAILED, Settle.PROGRESS, Settle.EXPIRED
+_S_STOLEN = Settle.STOLEN
+# tail stealing: take over a lease only when its holder would need this many times longer
+# for the rest than the idle task, and at least two batches are left after the one the
+# holder is training now
+_STEAL_SPEEDUP = 1.5
+_STEAL_MIN_BATCHES = 2
 _SETTLE_OF = {_DONE: _S_DONE, _FAILED: _S_FAILED, _PROGRESS: _S_PROGRESS}
 _SHARD = pb.GetShardResponse.SHARD
 _WAIT = pb.GetShardResponse.WAIT
@@ -86,7 +92,8 @@ def spec_from_proto(msg: pb.DatasetSpec) -> DatasetSpec:
     return DatasetSpec(name=msg.name, records_per_shard=msg.records_per_shard,
                        num_epochs=msg.num_epochs, num_records=msg.num_records,
                        files=tuple(DataFile(f.path, f.num_records) for f in msg.files),
-                       shuffle=msg.shuffle, seed=msg.seed, static_workers=msg.static_workers)
+                       shuffle=msg.shuffle, seed=msg.seed, static_workers=msg.static_workers,
+                       tail_stealing=msg.tail_stealing)
 
 
 def spec_to_proto(spec: DatasetSpec) -> pb.DatasetSpec:
@@ -95,7 +102,8 @@ def spec_to_proto(spec: DatasetSpec) -> pb.DatasetSpec:
                           files=[pb.DataFile(path=f.path, num_records=f.num_records)
                                  for f in spec.files],
                           shuffle=spec.shuffle, seed=spec.seed,
-                          static_workers=spec.static_workers)
+                          static_workers=spec.static_workers,
+                          tail_stealing=spec.tail_stealing)
 
 
 def task_name(task: pb.TaskId) -> str:
@@ -114,7 +122,8 @@ def validate_task(task: pb.TaskId) -> None:
 
 class _Lease:
     __slots__ = ("lease_id", "dataset", "shard_id", "epoch", "offset", "length", "applied",
-                 "task_key", "incarnation", "issued_at", "lease_seconds", "deadline", "attempt")
+                 "task_key", "incarnation", "issued_at", "lease_seconds", "deadline", "attempt",
+                 "last_delta")
 
     def __init__(self, lease_id, dataset, shard_id, epoch, offset, length, task_key, incarnation,
                  issued_at, lease_seconds, attempt):
@@ -131,6 +140,7 @@ class _Lease:
         self.lease_seconds = lease_seconds
         self.deadline = issued_at + lease_seconds
         self.attempt = attempt
+        self.last_delta = 0           # records of the latest report: the holder's batch size
 
 
 class _Run:
@@ -154,6 +164,7 @@ class _Run:
         # from the journal, so a replay gives the same); for JCT measurements
         self.started_unix = 0.0
         self.finished_unix = 0.0
+        self.stolen_leases = 0
 
     @property
     def finished(self) -> bool:
@@ -290,6 +301,7 @@ class ShardState:
                 records_done_epoch=run.records_done_epoch,
                 records_done_total=run.records_done_total, finished=run.finished,
                 started_unix=run.started_unix, finished_unix=run.finished_unix,
+                stolen_leases=run.stolen_leases,
                 poisoned_shard_ids=sorted(run.poisoned)[:_MAX_POISONED_IDS],
                 seconds_per_record=run.seconds_per_record))
         for t in self._tasks.values():
@@ -350,6 +362,13 @@ class ShardState:
         if run.finished:
             return pb.GetShardResponse(status=_END)
         nxt = run.next_for(task)
+        if nxt is None and run.spec.tail_stealing:
+            victim = self._steal_candidate(run, t)
+            if victim is not None:
+                self._commit(pb.JournalEntry(time=self._now(), settle=pb.SettleEvent(
+                    dataset=dataset, lease_id=victim.lease_id, kind=_S_STOLEN,
+                    records_processed=victim.applied + victim.last_delta)))
+                nxt = run.next_for(task)
         if nxt is None:
             return pb.GetShardResponse(status=_WAIT,
                                        retry_after_seconds=self._retry_after(run))
@@ -469,7 +488,8 @@ class ShardState:
             ds = out.datasets.add(epoch=run.epoch, cursor=run.cursor,
                                   records_done_epoch=run.records_done_epoch,
                                   records_done_total=run.records_done_total,
-                                  seconds_per_record=run.seconds_per_record)
+                                  seconds_per_record=run.seconds_per_record,
+                                  stolen_leases=run.stolen_leases)
             ds.spec.CopyFrom(spec_to_proto(run.spec))
             for shard_id, offset in run.requeue:
                 ds.requeued.add(shard_id=shard_id, offset=offset,
@@ -607,6 +627,7 @@ class ShardState:
         lease = run.doing[ev.lease_id]
         t = self._tasks[lease.task_key]
         if ev.kind == _S_PROGRESS:
+            lease.last_delta = max(lease.last_delta, ev.records_processed - lease.applied)
             self._count_applied(run, t, lease, ev.records_processed)
             lease.lease_seconds = ev.lease_seconds
             lease.deadline = now + ev.lease_seconds
@@ -622,12 +643,38 @@ class ShardState:
             t.shards_done += 1
             t.recent_done.append(lease.lease_id)
             run.failures.pop(lease.shard_id, None)
+        elif ev.kind == _S_STOLEN:
+            # the holder applies the batch it is training now (one batch after its last
+            # report) and learns from its next report that the rest is no longer its own
+            self._count_applied(run, t, lease, ev.records_processed)
+            self._give_back(run, lease, count_failure=False)
+            run.stolen_leases += 1
         else:  # FAILED or EXPIRED
             self._count_applied(run, t, lease, ev.records_processed)
             self._give_back(run, lease, count_failure=True)
             t.failures += 1
         self._maybe_next_epoch(run)
         return lease
+
+    def _steal_candidate(self, run: _Run, thief: _Task) -> Optional[_Lease]:
+        """The lease whose rest the idle ``thief`` would finish soonest relative to its
+        holder: at least two batches left after the one being trained, and a holder
+        that would need 1.5 times longer than the thief."""
+        best, best_gain = None, 0.0
+        thief_spr = thief.seconds_per_record or run.seconds_per_record
+        for lease in run.doing.values():
+            if lease.task_key == thief.key or lease.last_delta <= 0:
+                continue
+            rest = lease.length - lease.applied - lease.last_delta
+            if rest < _STEAL_MIN_BATCHES * lease.last_delta:
+                continue
+            holder_spr = self._tasks[lease.task_key].seconds_per_record or run.seconds_per_record
+            if thief_spr <= 0 or holder_spr < _STEAL_SPEEDUP * thief_spr:
+                continue
+            gain = rest * (holder_spr - thief_spr)
+            if gain > best_gain:
+                best, best_gain = lease, gain
+        return best
 
     def _count_applied(self, run: _Run, t: _Task, lease: _Lease, applied: int) -> None:
         """Counts the records trained since the last report exactly once."""
@@ -697,6 +744,7 @@ class ShardState:
         if not run.finished:
             run.order = run.plan.order(run.epoch)
         run.records_done_epoch = ds.records_done_epoch
+        run.stolen_leases = ds.stolen_leases
         run.records_done_total = ds.records_done_total
         run.seconds_per_record = ds.seconds_per_record
         for r in list(ds.requeued) + list(ds.doing) + list(ds.poisoned) + list(ds.failure_counts):

@@ -171,7 +171,7 @@ class TfRpcServicer:
                     dataset=dataset, task=task, lease_id=lease, shard_id=shard, epoch=epoch,
                     outcome=outcome, records_processed=n))
             except (LeaseNotHeld, StaleIncarnation) as e:
-                rejected += 1
+                rejected += 1   # the worker skips the rest of this lease's batches
                 log.warning("report from %s:%d#%d not counted: %s", task.type, task.index,
                             task.incarnation, e)
         self.sharding.after_call()

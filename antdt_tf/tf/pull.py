@@ -161,7 +161,9 @@ def report_applied(master: str, dataset: str, meta: dict,
                    timeout_ms: int = DEFAULT_TIMEOUT_MS):
     """Tells the master how far each lease in a trained batch got. Call after the step
     (in the same tf.function: auto control dependencies order it after the updates).
-    Returns ``(records, finished_leases)`` of the batch."""
+    Returns ``(records, finished_leases, rejected_leases)`` of the batch; a rejected
+    lease is no longer this worker's (taken over by tail stealing, expired, revoked):
+    its further batches must not be applied."""
     leases, idx = tf.unique(meta["lease"])
     n = tf.shape(leases)[0]
     applied = tf.math.unsorted_segment_max(meta["applied"], idx, n)
@@ -169,11 +171,11 @@ def report_applied(master: str, dataset: str, meta: dict,
     epochs = tf.math.unsorted_segment_max(meta["epoch"], idx, n)
     lengths = tf.math.unsorted_segment_max(meta["length"], idx, n)
     client = _client(master, timeout_ms, "report")
-    _call(client, "antdt.report",
-          [tf.constant(dataset), meta["worker"], meta["incarnation"], leases, shards,
-           epochs, applied], [tf.int64], timeout_ms)
+    (rejected,) = _call(client, "antdt.report",
+                        [tf.constant(dataset), meta["worker"], meta["incarnation"], leases,
+                         shards, epochs, applied], [tf.int64], timeout_ms)
     finished = tf.reduce_sum(tf.cast(tf.equal(applied, lengths), tf.int64))
-    return tf.shape(meta["lease"], out_type=tf.int64)[0], finished
+    return tf.shape(meta["lease"], out_type=tf.int64)[0], finished, rejected
 
 
 @dataclasses.dataclass
@@ -229,6 +231,10 @@ class PullTrainer:
             # when each worker finished its latest step (its clock): busy time per worker
             self._worker_last_step = tf.Variable(tf.zeros([slots], tf.float64),
                                                  trainable=False, name="antdt_worker_last_step")
+            # per worker: a lease the master refused a report for (its rest was taken
+            # over by tail stealing, or it expired): its further batches are skipped
+            self._refused_lease = tf.Variable(tf.fill([slots], tf.constant(-1, tf.int64)),
+                                              trainable=False, name="antdt_refused_lease")
         self.counters = tf.train.Checkpoint(worker_counts=self._worker_counts)
         self._train = tf.function(self._train_fn)
 
@@ -242,10 +248,13 @@ class PullTrainer:
             meta = batch.pop("antdt")
             ids = batch.pop("record_id")
             self._step_fn(batch, ids)
-            records, finished = report_applied(self.master, self.dataset, meta)
+            records, finished, rejected = report_applied(self.master, self.dataset, meta)
             self._worker_counts.scatter_add(tf.IndexedSlices(
                 tf.reshape(tf.stack([records, finished]), [1, 2]), worker))
+            return rejected
 
+        # batches never span leases: one lease id per batch
+        refused = tf.reshape(tf.gather(self._refused_lease, worker), [])
         stepped = tf.constant(False)
         for _ in tf.range(self.steps_per_closure):
             batch = iterator.get_next_as_optional()
@@ -254,7 +263,14 @@ class PullTrainer:
             value = batch.get_value()
             if tf.equal(tf.shape(value["label"])[0], 0):
                 break    # the master has nothing for this worker now: end the closure
-            self.strategy.run(replica_fn, args=(value, worker))
+            lease = value["antdt"]["lease"][0]
+            if tf.equal(lease, refused):
+                continue   # not ours any more: another worker trains these records
+            rejected = self.strategy.run(replica_fn, args=(value, worker))
+            if rejected > 0:
+                refused = lease
+                self._refused_lease.scatter_update(tf.IndexedSlices(
+                    tf.reshape(lease, [1]), worker))
             stepped = tf.constant(True)
         if stepped:   # when this worker finished a step last (its clock): busy time
             self._worker_last_step.scatter_update(tf.IndexedSlices(
