@@ -210,7 +210,8 @@ class LocalJob:
         self.policy = load_policy(cfg.policy)
         self.costs = CostModel(relaunch_worker_seconds=cfg.relaunch_cost_seconds,
                                replace_ps_seconds=cfg.replace_ps_cost_seconds,
-                               min_gain_seconds=cfg.min_gain_seconds)
+                               min_gain_seconds=cfg.min_gain_seconds,
+                               redo_seconds=cfg.checkpoint_every_seconds / 2)
         self.actions: list[dict] = []      # what the controller did, with outcomes
         self.standby_count = 0
         self.best_rate = 0.0     # the job's best records/s (every worker judged) so far

@@ -71,6 +71,9 @@ def test_a_slow_ps_is_replaced_first_and_only_when_it_pays():
                               best_records_per_second=37_500.0)
     assert fast_before.costs.replace_ps_gain(fast_before, 0) == pytest.approx(
         200 - (30 + 80), abs=0.5)
+    redo = Observation(0.0, tuple(workers), tuple(slow_ps), 3_000_000,
+                       CostModel(redo_seconds=5.0), best_records_per_second=37_500.0)
+    assert redo.costs.replace_ps_gain(redo, 0) == pytest.approx(200 - (30 + 5 + 80), abs=0.5)
     assert AntDTDD().decide(obs(workers, [ps(0, "deterministic", 12.0, 25.0), ps(1)],
                                 remaining=3_000_000)) == []
 

@@ -67,6 +67,9 @@ class CostModel:
     relaunch_worker_seconds: float = 15.0   # kill -> the new worker trains again
     replace_ps_seconds: float = 30.0        # decision -> training again (all workers wait)
     min_gain_seconds: float = 2.0           # act only when it saves at least this much
+    # a PS replacement also redoes the work since the last checkpoint (on average half
+    # the checkpoint interval): the launcher sets it from --checkpoint_every_seconds
+    redo_seconds: float = 0.0
 
     def relaunch_worker_gain(self, obs: "Observation", worker: int) -> float:
         """Seconds saved by relaunching ``worker`` (negative: it would cost time). While
@@ -104,7 +107,8 @@ class CostModel:
         rate_after = max(rate * step / max(step - excess, 0.1 * step),
                          obs.best_records_per_second)
         without = obs.remaining_records / rate
-        return without - (self.replace_ps_seconds + obs.remaining_records / rate_after)
+        return without - (self.replace_ps_seconds + self.redo_seconds
+                          + obs.remaining_records / rate_after)
 
 
 @dataclasses.dataclass(frozen=True)
