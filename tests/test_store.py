@@ -40,6 +40,14 @@ def comparable(state):
     return snap.SerializeToString(deterministic=True)
 
 
+def simulate_kill(store):
+    """kill -9: descriptors gone without close() (the journal is in the page cache)."""
+    store._journal_fd and os.close(store._journal_fd)
+    store._journal_fd = None
+    os.close(store._lock_fd)
+    store._lock_fd = None
+
+
 def reopen(tmp_path, store):
     store.close()
     state2 = ShardState(LeaseConfig())
@@ -60,11 +68,7 @@ def test_reopen_restores_exactly_the_acknowledged_state(tmp_path, snapshot_every
     if store.needs_snapshot:
         store.write_snapshot(state.snapshot())
     before = comparable(state)
-    # no close(): simulate kill -9 (the journal is already in the page cache)
-    store._journal_fd and os.close(store._journal_fd)
-    store._journal_fd = None
-    os.close(store._lock_fd)
-    store._lock_fd = None
+    simulate_kill(store)
     state2, store2, info = reopen(tmp_path, store)
     assert comparable(state2) == before
     # the holder keeps its lease across the restart and finishes it
@@ -214,10 +218,7 @@ def test_static_sharding_replays_exactly(tmp_path, snapshot_every):
     if store.needs_snapshot:
         store.write_snapshot(state.snapshot())
     before = comparable(state)
-    store._journal_fd and os.close(store._journal_fd)
-    store._journal_fd = None
-    os.close(store._lock_fd)
-    store._lock_fd = None
+    simulate_kill(store)
     state2, store2, _ = reopen(tmp_path, store)
     assert comparable(state2) == before
     again = state2.get_shard("train", W(1, inc=1)).shard
@@ -246,10 +247,7 @@ def test_a_steal_replays_exactly(tmp_path):
     datasets = lambda st: st.snapshot(with_tasks=False).SerializeToString(  # noqa: E731
         deterministic=True)
     before = datasets(state)
-    store._journal_fd and os.close(store._journal_fd)
-    store._journal_fd = None
-    os.close(store._lock_fd)
-    store._lock_fd = None
+    simulate_kill(store)
     state2, store2, _ = reopen(tmp_path, store)
     assert datasets(state2) == before
     assert state2.progress("train").datasets[0].stolen_leases == 1
