@@ -667,46 +667,29 @@ class LocalJob:
         except AntdtError as e:
             self._event(f"could not release worker:{worker}'s leases: {e}")
 
-    def _master_times(self):
-        """(first shard issued, every epoch finished) on the master's clock, or None."""
+    def _dataset_progress(self, timeout: float = 5):
+        """The master's DatasetProgress of the job's dataset, None while it is down."""
         from antdt_tf.sharding.client import ShardingClient
 
         try:
-            with ShardingClient(self.master_address, timeout=5) as c:
-                p = c.progress("train").datasets[0]
+            with ShardingClient(self.master_address, timeout=timeout) as c:
+                return c.progress("train").datasets[0]
         except AntdtError:
             return None
-        if p.started_unix and p.finished_unix:
-            return p.started_unix, p.finished_unix
-        return None
-
-    def _stolen_leases(self) -> int:
-        """Lease remainders idle workers took over (tail work-stealing)."""
-        from antdt_tf.sharding.client import ShardingClient
-
-        try:
-            with ShardingClient(self.master_address, timeout=5) as c:
-                return c.progress("train").datasets[0].stolen_leases
-        except AntdtError:
-            return 0
 
     def _records_done(self) -> int:
-        from antdt_tf.sharding.client import ShardingClient
-
-        try:
-            with ShardingClient(self.master_address, timeout=2) as c:
-                return c.progress("train").datasets[0].records_done_total
-        except AntdtError:
-            return 0
+        p = self._dataset_progress(timeout=2)
+        return p.records_done_total if p is not None else 0
 
     def _report(self) -> dict:
         cfg = self.cfg
         end = self.finished_at or time.monotonic()
         jct = end - (self.train_t0 or self.t0)
-        times = self._master_times()
-        if times is not None:   # exact: the master's journal times, not our polling
-            jct = times[1] - times[0]
-            self.train_started_unix = times[0]
+        final = self._dataset_progress()
+        if final is not None and final.started_unix and final.finished_unix:
+            # exact: the master's journal times, not our polling
+            jct = final.finished_unix - final.started_unix
+            self.train_started_unix = final.started_unix
         coord = json.loads(self.coordinator_report_path.read_text())
         total = self.num_records * cfg.epochs
         for ev in self.events:
@@ -747,7 +730,8 @@ class LocalJob:
                         for a in self.actions],
             "health": [_health_dict(h) for h in self.health],
             "timeline": self.timeline,
-            "stolen_leases": self._stolen_leases(),
+            # lease remainders idle workers took over (tail work-stealing)
+            "stolen_leases": final.stolen_leases if final is not None else 0,
         }
         if "audit" in coord:
             audit = dict(coord["audit"])

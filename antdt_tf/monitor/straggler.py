@@ -59,20 +59,12 @@ class StragglerConfig:
             raise ValueError("min_samples must be >= 1 and idle_gap_seconds > 0")
 
 
-class BptWindow:
-    """One worker's recent steps: (end time, seconds since its previous step, records)."""
+class _TimeWindow:
+    """Samples whose first element is their time, kept for ``window_seconds``."""
 
-    def __init__(self, window_seconds: float, idle_gap_seconds: float):
+    def __init__(self, window_seconds: float):
         self.window_seconds = window_seconds
-        self.idle_gap_seconds = idle_gap_seconds
-        self._samples: collections.deque[tuple[float, float, int]] = collections.deque()
-        self._last: Optional[float] = None
-
-    def add(self, now: float, records: int) -> None:
-        if self._last is not None and 0 < now - self._last <= self.idle_gap_seconds:
-            self._samples.append((now, now - self._last, records))
-        self._last = now
-        self.trim(now)
+        self._samples: collections.deque[tuple] = collections.deque()
 
     def trim(self, now: float) -> None:
         while self._samples and self._samples[0][0] < now - self.window_seconds:
@@ -80,6 +72,21 @@ class BptWindow:
 
     def __len__(self) -> int:
         return len(self._samples)
+
+
+class BptWindow(_TimeWindow):
+    """One worker's recent steps: (end time, seconds since its previous step, records)."""
+
+    def __init__(self, window_seconds: float, idle_gap_seconds: float):
+        super().__init__(window_seconds)
+        self.idle_gap_seconds = idle_gap_seconds
+        self._last: Optional[float] = None
+
+    def add(self, now: float, records: int) -> None:
+        if self._last is not None and 0 < now - self._last <= self.idle_gap_seconds:
+            self._samples.append((now, now - self._last, records))
+        self._last = now
+        self.trim(now)
 
     def step_seconds(self) -> float:
         return statistics.median(s[1] for s in self._samples) if self._samples else 0.0
@@ -89,13 +96,12 @@ class BptWindow:
         return sum(s[2] for s in self._samples) / busy if busy > 0 else 0.0
 
 
-class LatencyWindow:
-    """One PS's recent probe latencies (ms)."""
+class LatencyWindow(_TimeWindow):
+    """One PS's recent probe latencies (ms): (time, latency)."""
 
     def __init__(self, window_seconds: float, min_samples: int):
-        self.window_seconds = window_seconds
+        super().__init__(window_seconds)
         self.min_samples = min_samples
-        self._samples: collections.deque[tuple[float, float]] = collections.deque()
         self.best = float("inf")   # lowest full-window mean so far: a lone PS's baseline
 
     def add(self, now: float, latency_ms: float) -> None:
@@ -103,13 +109,6 @@ class LatencyWindow:
         self.trim(now)
         if len(self._samples) >= self.min_samples:
             self.best = min(self.best, self.mean())
-
-    def trim(self, now: float) -> None:
-        while self._samples and self._samples[0][0] < now - self.window_seconds:
-            self._samples.popleft()
-
-    def __len__(self) -> int:
-        return len(self._samples)
 
     def mean(self) -> float:
         """Mean without the single worst sample: what workers wait on average (a PS that
