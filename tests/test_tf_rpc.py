@@ -119,3 +119,41 @@ def test_malformed_bytes_are_invalid_argument(master):
                                 response_deserializer=tpb.TfListResponse.FromString)(b"", timeout=10)
         assert {m.method for m in listed.registered_methods} == {
             "antdt.open", "antdt.next", "antdt.report"}
+
+
+def _ancestors(op):
+    seen, todo = set(), [op]
+    while todo:
+        o = todo.pop()
+        for parent in [t.op for t in o.inputs] + list(o.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
+
+
+def test_the_report_waits_for_every_update_of_the_step(master):
+    """Auto control dependencies order ops per resource only: the report RPC must be
+    ordered after the step's updates explicitly, or a worker killed between the two has
+    reported records the model never saw."""
+    v, audit = tf.Variable(1.0), tf.Variable(tf.zeros([4], tf.int32))
+    meta = {"lease": c64([1]), "shard": c64([0]), "epoch": tf.constant([0]),
+            "applied": c64([4]), "length": c64([100]), "worker": c64(0),
+            "incarnation": c64(1)}
+
+    def step():
+        v.assign_sub(0.5)
+        audit.scatter_add(tf.IndexedSlices(tf.ones([2], tf.int32), c64([0, 1])))
+
+    @tf.function
+    def train():
+        _, effects = pull.run_step(step)
+        with tf.control_dependencies(effects):
+            pull.report_applied(master.address, "d", meta, timeout_ms=5000)
+
+    graph = train.get_concrete_function().graph
+    updates = [op for op in graph.get_operations()
+               if op.type in ("AssignSubVariableOp", "ResourceScatterAdd")]
+    assert len(updates) == 2
+    report_ops = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    assert report_ops and all(set(updates) <= _ancestors(op) for op in report_ops)

@@ -38,7 +38,7 @@ import tensorflow as tf
 import tf_keras as keras   # the [tf] extra installs it; TF_USE_LEGACY_KERAS=1 makes it tf.keras
 
 from antdt_tf.data.criteo import NUM_DENSE, NUM_SPARSE
-from antdt_tf.tf.pull import DEFAULT_TIMEOUT_MS, _call, _client, pull_dataset
+from antdt_tf.tf.pull import DEFAULT_TIMEOUT_MS, _call, _client, pull_dataset, run_step
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +139,20 @@ class ShardingCallback(keras.callbacks.Callback):
             x, y, w = keras.utils.unpack_x_y_sample_weight(data)
             x = dict(x)
             meta, ids = x.pop("antdt"), x.pop("record_id")
-            logs = original((x, y, w))
+
+            def step():
+                logs = original((x, y, w))
+                if applied_var is not None:   # counted with the step, before the report
+                    real_ids = tf.boolean_mask(tf.reshape(ids, [-1]), real)
+                    applied_var.scatter_add(tf.IndexedSlices(
+                        tf.ones_like(real_ids, tf.int32), real_ids))
+                return logs
+
             vec = {k: tf.reshape(meta[k], [-1]) for k in ("lease", "shard", "epoch", "applied")}
             real = vec["lease"] >= 0
             report = {k: tf.boolean_mask(v, real) for k, v in vec.items()}
+            # the report goes out only after every update of the step has landed
+            logs, effects = run_step(step)
 
             def send():
                 leases, idx = tf.unique(report["lease"])
@@ -155,11 +165,8 @@ class ShardingCallback(keras.callbacks.Callback):
                 return _call(_client(master, timeout_ms, "report"), "antdt.report", args,
                              [tf.int64], timeout_ms)[0]
 
-            tf.cond(tf.reduce_any(real), send, lambda: tf.constant(0, tf.int64))
-            if applied_var is not None:
-                real_ids = tf.boolean_mask(tf.reshape(ids, [-1]), real)
-                applied_var.scatter_add(tf.IndexedSlices(
-                    tf.ones_like(real_ids, tf.int32), real_ids))
+            with tf.control_dependencies(effects):
+                tf.cond(tf.reduce_any(real), send, lambda: tf.constant(0, tf.int64))
             return logs
 
         model.train_step = train_step

@@ -157,10 +157,27 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     return leases.flat_map(shard_batches)
 
 
+def run_step(step_fn, *args):
+    """Calls ``step_fn(*args)`` while a graph function is built and returns
+    ``(result, effects)``: every stateful op the step created.
+
+    Run the report to the master under ``tf.control_dependencies(effects)``. Automatic
+    control dependencies order ops only per resource, and the report is an RPC op on its
+    own client resource: without this it may run *before* the step's variable updates
+    land, and a worker killed in between leaves records the master counts as applied
+    but the model never saw (found in CI: a lost batch after a worker SIGKILL)."""
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    result = step_fn(*args)
+    effects = [op for op in graph.get_operations()[first:] if op._is_stateful]
+    return result, effects
+
+
 def report_applied(master: str, dataset: str, meta: dict,
                    timeout_ms: int = DEFAULT_TIMEOUT_MS):
     """Tells the master how far each lease in a trained batch got. Call after the step
-    (in the same tf.function: auto control dependencies order it after the updates).
+    (in the same tf.function, under ``tf.control_dependencies`` on the step's effects:
+    see :func:`run_step`).
     Returns ``(records, finished_leases, rejected_leases)`` of the batch; a rejected
     lease is no longer this worker's (taken over by tail stealing, expired, revoked):
     its further batches must not be applied."""
@@ -247,8 +264,9 @@ class PullTrainer:
         def replica_fn(batch, worker):
             meta = batch.pop("antdt")
             ids = batch.pop("record_id")
-            self._step_fn(batch, ids)
-            records, finished, rejected = report_applied(self.master, self.dataset, meta)
+            _, effects = run_step(self._step_fn, batch, ids)
+            with tf.control_dependencies(effects):
+                records, finished, rejected = report_applied(self.master, self.dataset, meta)
             self._worker_counts.scatter_add(tf.IndexedSlices(
                 tf.reshape(tf.stack([records, finished]), [1, 2]), worker))
             return rejected
