@@ -154,8 +154,7 @@ def test_the_master_judges_workers_from_their_step_reports():
         for w in range(3):
             (inc,) = call("antdt.open", [name, i64(w)], [tf.int64])
             _, lease, shard, epoch, *_ = call(
-                "antdt.next", [name, i64(w), i64(inc), i64(1)],
-                [tf.int32, tf.int64, tf.int64, tf.int32, tf.string, tf.int64, tf.int64, tf.int64])
+                "antdt.next", [name, i64(w), i64(inc), i64(1)], pull._NEXT_TYPES)
             leases.append((inc, lease, shard, epoch))
         applied = [0, 0, 0]
         for tick in range(80):

@@ -3,6 +3,7 @@ master, real TF ops as a worker's pipeline calls them, and bad calls rejected wi
 matching tf.errors type without changing anything."""
 
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -44,9 +45,9 @@ def test_open_next_report_end_with_tf_ops(master):
     assert inc > 0
     leases = []
     while True:
-        status, lease, shard, epoch, path, file_start, start, length = call(
+        status, lease, shard, epoch, path, file_start, start, length, size = call(
             master, "antdt.next", [tf.constant("d"), c64(3), c64(inc), c64(len(leases) + 1)],
-            [I32, I64, I64, I32, STR, I64, I64, I64])
+            pull._NEXT_TYPES)
         if status != pull.STATUS_SHARD:
             break
         leases.append((lease, shard, epoch, length))
@@ -66,12 +67,12 @@ def test_open_next_report_end_with_tf_ops(master):
     progress = master.call(master.servicer.state.progress, "d").datasets[0]
     assert progress.finished and progress.records_done_total == 250
     status, *_ = call(master, "antdt.next", [tf.constant("d"), c64(3), c64(inc), c64(99)],
-                      [I32, I64, I64, I32, STR, I64, I64, I64])
+                      pull._NEXT_TYPES)
     assert status == pull.STATUS_END
 
 
 def test_a_new_incarnation_takes_back_the_old_ones_leases(master):
-    nxt = [I32, I64, I64, I32, STR, I64, I64, I64]
+    nxt = pull._NEXT_TYPES
     (old,) = call(master, "antdt.open", [tf.constant("d"), c64(0)], [I64])
     first = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(old), c64(1)], nxt)
     retried = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(old), c64(1)], nxt)
@@ -102,11 +103,52 @@ def test_a_new_incarnation_takes_back_the_old_ones_leases(master):
     ("antdt.report", lambda: [tf.constant("d"), c64(0), c64(1), c64([1, 2]), c64([1]),
                               tf.constant([0], tf.int32), c64([1])], [I64],
      tf.errors.InvalidArgumentError),
+    ("antdt.step", lambda: [tf.constant("d"), c64(0), c64(1), c64(-5), c64(10)], [I64],
+     tf.errors.InvalidArgumentError),
+    ("antdt.step", lambda: [tf.constant("nope"), c64(0), c64(1), c64(5), c64(10)], [I64],
+     tf.errors.NotFoundError),
+    ("antdt.step", lambda: [tf.constant("d"), c64(0), c64(1), tf.constant(1.5), c64(10)],
+     [I64], tf.errors.InvalidArgumentError),
 ])
 def test_bad_calls_raise_the_matching_tf_error(master, method, args, tout, error):
     with pytest.raises(error):
         call(master, method, args(), tout)
     assert master.call(master.servicer.state.progress, "d").datasets[0].doing_shards == 0
+
+
+def test_adjusted_batch_sizes_reach_the_next_lease(master):
+    """ADJUST_BS: the Controller's size for a worker comes with that worker's next
+    lease (0 = its own); other workers keep theirs; bad sizes change nothing."""
+    with ShardingClient(master.address) as admin:
+        assert admin.set_batch_sizes("d", {1: 48}) == {1: 48}
+        for bad in ({1: 0}, {-1: 8}, {2: 1 << 30}):
+            with pytest.raises(Exception, match="batch size|worker index"):
+                admin.set_batch_sizes("d", bad)
+        with pytest.raises(Exception, match="unknown dataset"):
+            admin.set_batch_sizes("nope", {1: 8})
+        assert admin.progress("d").datasets[0].batch_sizes == {1: 48}
+        sizes = {}
+        for w in (0, 1):
+            (inc,) = call(master, "antdt.open", [tf.constant("d"), c64(w)], [I64])
+            sizes[w] = call(master, "antdt.next", [tf.constant("d"), c64(w), c64(inc), c64(1)],
+                            pull._NEXT_TYPES)[8]
+        assert sizes == {0: 0, 1: 48}
+        assert admin.set_batch_sizes("d", {0: 16}, replace=True) == {0: 16}
+
+
+def test_bsp_step_times_measured_on_the_worker_feed_the_monitor(master):
+    (inc,) = call(master, "antdt.open", [tf.constant("d"), c64(2)], [I64])
+    for _ in range(6):    # all at once: arrival gaps say nothing, the worker's clock does
+        call(master, "antdt.step", [tf.constant("d"), c64(2), c64(inc), c64(100),
+                                    c64(250_000)], [I64])
+    view = master.server.monitor.view
+    judged = {j.index: j for j in view.classifier.judge(time.time()) if j.job == "worker"}
+    assert judged[2].samples == 6
+    assert judged[2].records_per_second == pytest.approx(400.0)
+    (new,) = call(master, "antdt.open", [tf.constant("d"), c64(2)], [I64])
+    call(master, "antdt.next", [tf.constant("d"), c64(2), c64(new), c64(1)], pull._NEXT_TYPES)
+    with pytest.raises(tf.errors.FailedPreconditionError):   # a replaced incarnation
+        call(master, "antdt.step", [tf.constant("d"), c64(2), c64(inc), c64(1), c64(1)], [I64])
 
 
 def test_malformed_bytes_are_invalid_argument(master):
@@ -118,7 +160,7 @@ def test_malformed_bytes_are_invalid_argument(master):
         listed = ch.unary_unary("/tensorflow.rpc.RpcService/List",
                                 response_deserializer=tpb.TfListResponse.FromString)(b"", timeout=10)
         assert {m.method for m in listed.registered_methods} == {
-            "antdt.open", "antdt.next", "antdt.report"}
+            "antdt.open", "antdt.next", "antdt.report", "antdt.step"}
 
 
 def _ancestors(op):

@@ -82,8 +82,14 @@ class BptWindow(_TimeWindow):
         self.idle_gap_seconds = idle_gap_seconds
         self._last: Optional[float] = None
 
-    def add(self, now: float, records: int) -> None:
-        if self._last is not None and 0 < now - self._last <= self.idle_gap_seconds:
+    def add(self, now: float, records: int, seconds: Optional[float] = None) -> None:
+        """A step of ``records`` ended ``now``. Its time is ``seconds`` if the worker
+        measured it (BSP: rounds make arrival gaps equal), else the gap since the
+        previous step (async: a gap over ``idle_gap_seconds`` is idle, not work)."""
+        if seconds is not None:
+            if seconds > 0:
+                self._samples.append((now, seconds, records))
+        elif self._last is not None and 0 < now - self._last <= self.idle_gap_seconds:
             self._samples.append((now, now - self._last, records))
         self._last = now
         self.trim(now)
@@ -168,14 +174,15 @@ class StragglerClassifier:
         # over twice the window, from at least 4 probes
         self._ps_min_samples = min(config.min_samples, 4)
 
-    def observe_step(self, worker: int, incarnation: int, now: float, records: int) -> None:
+    def observe_step(self, worker: int, incarnation: int, now: float, records: int,
+                     seconds: Optional[float] = None) -> None:
         if self._incarnation.get(worker) != incarnation:
             # a new process (maybe on another host): its history starts over
             self._incarnation[worker] = incarnation
             self._bpt[worker] = BptWindow(self.config.window_seconds,
                                           self.config.idle_gap_seconds)
             self._history.pop(("worker", worker), None)
-        self._bpt[worker].add(now, records)
+        self._bpt[worker].add(now, records, seconds)
 
     def observe_ps_latency(self, ps: int, now: float, latency_ms: float) -> None:
         self._latency.setdefault(ps, LatencyWindow(

@@ -39,9 +39,11 @@ class ClusterView:
         self._trainer: cpb.TrainerReport | None = None
         self.classifier = StragglerClassifier(straggler)
 
-    def observe_step(self, worker: int, incarnation: int, records: int) -> None:
-        """A worker reported a trained batch (called by the master for every report)."""
-        self.classifier.observe_step(worker, incarnation, self._clock(), records)
+    def observe_step(self, worker: int, incarnation: int, records: int,
+                     seconds: float | None = None) -> None:
+        """A worker reported a trained batch (called by the master for every report);
+        ``seconds``: the step's time as the worker measured it (BSP mode)."""
+        self.classifier.observe_step(worker, incarnation, self._clock(), records, seconds)
 
     def report_agent(self, report: cpb.AgentReport) -> bool:
         if not report.host:

@@ -75,6 +75,11 @@ class ShardingServiceStub:
                 request_serializer=antdt_dot_v1_dot_sharding__pb2.RestoreStateRequest.SerializeToString,
                 response_deserializer=antdt_dot_v1_dot_sharding__pb2.RestoreStateResponse.FromString,
                 _registered_method=True)
+        self.SetBatchSizes = channel.unary_unary(
+                '/antdt.v1.ShardingService/SetBatchSizes',
+                request_serializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesRequest.SerializeToString,
+                response_deserializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesResponse.FromString,
+                _registered_method=True)
 
 
 class ShardingServiceServicer:
@@ -130,6 +135,12 @@ class ShardingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetBatchSizes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -172,6 +183,11 @@ def add_ShardingServiceServicer_to_server(servicer, server):
                     servicer.RestoreState,
                     request_deserializer=antdt_dot_v1_dot_sharding__pb2.RestoreStateRequest.FromString,
                     response_serializer=antdt_dot_v1_dot_sharding__pb2.RestoreStateResponse.SerializeToString,
+            ),
+            'SetBatchSizes': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBatchSizes,
+                    request_deserializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesRequest.FromString,
+                    response_serializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -390,6 +406,33 @@ class ShardingService:
             '/antdt.v1.ShardingService/RestoreState',
             antdt_dot_v1_dot_sharding__pb2.RestoreStateRequest.SerializeToString,
             antdt_dot_v1_dot_sharding__pb2.RestoreStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetBatchSizes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/antdt.v1.ShardingService/SetBatchSizes',
+            antdt_dot_v1_dot_sharding__pb2.SetBatchSizesRequest.SerializeToString,
+            antdt_dot_v1_dot_sharding__pb2.SetBatchSizesResponse.FromString,
             options,
             channel_credentials,
             insecure,

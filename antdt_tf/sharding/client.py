@@ -172,6 +172,14 @@ class ShardingClient:
     def progress(self, dataset: str = "") -> pb.GetProgressResponse:
         return self._call("GetProgress", pb.GetProgressRequest(dataset=dataset))
 
+    def set_batch_sizes(self, dataset: str, sizes: dict[int, int],
+                        replace: bool = False) -> dict[int, int]:
+        """ADJUST_BS: records per batch by worker index, in force from each worker's next
+        lease. ``replace``: workers not in ``sizes`` go back to their default. Returns
+        the sizes now in force."""
+        return dict(self._call("SetBatchSizes", pb.SetBatchSizesRequest(
+            dataset=dataset, batch_sizes=sizes, replace=replace)).batch_sizes)
+
     def save_state(self, datasets: Sequence[str] = ()) -> bytes:
         """The sharding state as bytes, to be stored inside a model checkpoint."""
         return self._call("SaveState", pb.SaveStateRequest(datasets=list(datasets))).state \

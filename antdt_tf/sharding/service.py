@@ -70,9 +70,15 @@ def _lenient_parser(cls):
 class ShardingServicer:
     """Implements antdt.v1.ShardingService over a ShardState (and its store)."""
 
+    # ADJUST_BS never asks a worker for more than this many records in one batch
+    MAX_BATCH_SIZE = 1 << 20
+
     def __init__(self, state: ShardState, store: Optional[StateStore] = None):
         self.state = state
         self.store = store
+        # ADJUST_BS: dataset -> {worker index: records per batch}; the Controller's soft
+        # state (not journaled: after a restart it sets the sizes again)
+        self.batch_sizes: dict[str, dict[int, int]] = {}
 
     def RegisterDataset(self, req: pb.RegisterDatasetRequest) -> pb.RegisterDatasetResponse:
         created, shards, records = self.state.register_dataset(spec_from_proto(req.spec))
@@ -99,7 +105,28 @@ class ShardingServicer:
         return pb.ReportTaskFailureResponse(released_shards=released)
 
     def GetProgress(self, req: pb.GetProgressRequest) -> pb.GetProgressResponse:
-        return self.state.progress(req.dataset)
+        out = self.state.progress(req.dataset)
+        for d in out.datasets:
+            d.batch_sizes.update(self.batch_sizes.get(d.name, {}))
+        return out
+
+    def SetBatchSizes(self, req: pb.SetBatchSizesRequest) -> pb.SetBatchSizesResponse:
+        self.state.lease_length(req.dataset, -1)      # raises UnknownDataset
+        for worker, size in req.batch_sizes.items():
+            if worker < 0:
+                raise InvalidRequest(f"worker index must be >= 0, got {worker}")
+            if not 0 < size <= self.MAX_BATCH_SIZE:
+                raise InvalidRequest(f"batch size of worker {worker} must be in "
+                                     f"[1, {self.MAX_BATCH_SIZE}], got {size}")
+        sizes = {} if req.replace else dict(self.batch_sizes.get(req.dataset, {}))
+        sizes.update(req.batch_sizes)
+        self.batch_sizes[req.dataset] = sizes
+        log.info("batch sizes of %s: %s", req.dataset, sizes)
+        return pb.SetBatchSizesResponse(batch_sizes=sizes)
+
+    def batch_size_of(self, dataset: str, worker: int) -> int:
+        """The Controller's batch size for ``worker`` (0: the trainer's default)."""
+        return self.batch_sizes.get(dataset, {}).get(worker, 0)
 
     def SaveState(self, req: pb.SaveStateRequest) -> pb.SaveStateResponse:
         return pb.SaveStateResponse(state=self.state.snapshot(req.datasets, with_tasks=False))

@@ -11,10 +11,12 @@ no bridge process. Each worker's input pipeline (``antdt_tf.tf.pull``) calls:
     the worker restarted). Its first ``antdt.next`` replaces the old incarnation, whose
     leases go back to TODO from their reported offsets.
 ``antdt.next(dataset, worker, incarnation, request: int64) -> (status: int32, lease,
-shard: int64, epoch: int32, file: string, file_start, start, length: int64)``
+shard: int64, epoch: int32, file: string, file_start, start, length, batch_size: int64)``
     The next lease. ``request`` (> 0, unique per incarnation) makes a retried call
-    return the same lease instead of a second one. Long-polls up to ``wait_seconds`` while every remaining shard is
-    leased elsewhere (status 2 = WAIT: ask again); 1 = SHARD; 3 = END.
+    return the same lease instead of a second one. Long-polls up to ``wait_seconds``
+    while every remaining shard is leased elsewhere (status 2 = WAIT: ask again);
+    1 = SHARD; 3 = END. ``batch_size``: the Controller's records per batch for this
+    worker (ADJUST_BS), 0 = the worker's own.
 ``antdt.report(dataset, worker, incarnation, leases: int64[], shards: int64[],
 epochs: int32[], applied: int64[]) -> rejected: int64``
     After a training step: ``applied[i]`` records of ``leases[i]`` (from its start) are
@@ -22,6 +24,12 @@ epochs: int32[], applied: int64[]) -> rejected: int64``
     a re-issue resumes after them). Reports the master cannot accept (the lease was
     re-issued after an expiry or a restore, or the incarnation was replaced) are
     counted in ``rejected`` and change nothing; the step itself is not failed for them.
+
+``antdt.step(dataset, worker, incarnation, records, micros: int64) -> 0: int64``
+    BSP mode: a worker computed a gradient over ``records`` in ``micros`` of its own
+    time. Only the Monitor hears it (a BSP step is applied, and reported, by the chief
+    after the round): step times measured on the worker, not arrival times that the
+    round barrier makes equal.
 
 Errors (bad arguments, unknown dataset, a stale incarnation) are gRPC statuses, which
 the RPC ops raise as the matching ``tf.errors`` type on the worker.
@@ -97,7 +105,8 @@ class TfRpcServicer:
     def __init__(self, sharding, wait_seconds: float = 2.0, poll_seconds: float = 0.05,
                  on_step=None):
         self.sharding = sharding
-        # on_step(worker, incarnation, records): every trained batch, for the Monitor's BPT
+        # on_step(worker, incarnation, records, seconds=None): every trained batch, for
+        # the Monitor's BPT (seconds: measured by the worker; None: since its last step)
         self.on_step = on_step
         self.wait_seconds = wait_seconds
         self.poll_seconds = poll_seconds
@@ -146,7 +155,8 @@ class TfRpcServicer:
                   pb.GetShardResponse.END: STATUS_END}[resp.status]
         return tpb.TfCallResponse(output_tensors=[
             _i32(status), _i64(s.lease_id), _i64(s.shard_id), _i32(s.epoch), _str(s.file),
-            _i64(s.file_start), _i64(s.start), _i64(s.length)])
+            _i64(s.file_start), _i64(s.start), _i64(s.length),
+            _i64(self.sharding.batch_size_of(dataset, task.index))])
 
     def report(self, req) -> tpb.TfCallResponse:
         dataset_t, worker_t, inc_t, leases_t, shards_t, epochs_t, applied_t = self._args(req, 7)
@@ -180,7 +190,24 @@ class TfRpcServicer:
                          self.state.task_records(task.type, task.index) - before)
         return tpb.TfCallResponse(output_tensors=[_i64(rejected)])
 
-    METHODS = {"antdt.open": "open", "antdt.next": "next", "antdt.report": "report"}
+    def step(self, req) -> tpb.TfCallResponse:
+        dataset_t, worker_t, inc_t, records_t, micros_t = self._args(req, 5)
+        self.state.progress(_scalar(dataset_t, tpb.DT_STRING, "dataset"))  # UnknownDataset
+        worker = _scalar(worker_t, tpb.DT_INT64, "worker")
+        incarnation = _scalar(inc_t, tpb.DT_INT64, "incarnation")
+        records = _scalar(records_t, tpb.DT_INT64, "records")
+        micros = _scalar(micros_t, tpb.DT_INT64, "micros")
+        if worker < 0 or records < 0 or micros < 0:
+            raise InvalidRequest(f"worker, records and micros must be >= 0, got "
+                                 f"{worker}, {records}, {micros}")
+        if self.state.task_incarnation(WORKER_TASK, worker) > incarnation:
+            raise StaleIncarnation(f"worker {worker} incarnation {incarnation} was replaced")
+        if self.on_step is not None and records > 0:
+            self.on_step(worker, incarnation, records, micros / 1e6)
+        return tpb.TfCallResponse(output_tensors=[_i64(0)])
+
+    METHODS = {"antdt.open": "open", "antdt.next": "next", "antdt.report": "report",
+               "antdt.step": "step"}
 
     async def Call(self, raw: bytes, context: grpc.aio.ServicerContext):
         from antdt_tf.sharding.service import status_of

@@ -36,7 +36,8 @@ from antdt_tf.tf.reader import decode_records, raw_shard_dataset
 
 STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
 DEFAULT_TIMEOUT_MS = 60_000
-_NEXT_TYPES = [tf.int32, tf.int64, tf.int64, tf.int32, tf.string, tf.int64, tf.int64, tf.int64]
+_NEXT_TYPES = [tf.int32, tf.int64, tf.int64, tf.int32, tf.string, tf.int64, tf.int64, tf.int64,
+               tf.int64]
 
 
 def _client(master: str, timeout_ms: int, role: str):
@@ -120,10 +121,13 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
 
     def next_lease(i):
         # request id i + 1 (unique in this incarnation): a retried call gets the same lease
-        status, lease, shard, epoch, path, file_start, start, length = _call(
+        status, lease, shard, epoch, path, file_start, start, length, size = _call(
             client, "antdt.next", [name, worker, incarnation, i + 1], _NEXT_TYPES, timeout_ms)
+        # ADJUST_BS: the Controller's batch size for this worker, from this lease on
+        size = tf.where(size > 0, size, tf.constant(batch_size, tf.int64))
         return {"status": status, "lease": lease, "shard": shard, "epoch": epoch,
-                "path": path, "file_start": file_start, "start": start, "length": length}
+                "path": path, "file_start": file_start, "start": start, "length": length,
+                "batch_size": size}
 
     wanted = (STATUS_SHARD, STATUS_WAIT) if wait_markers else (STATUS_SHARD,)
     leases = (tf.data.Dataset.range(2 ** 62)          # sequential: one lease at a time
@@ -134,8 +138,8 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     def shard_batches(d):
         # Batches never span shards: a partial batch waiting for the next lease could
         # wait forever when that lease is its own shard's remainder (end of the data).
-        raw = raw_shard_dataset(d["path"], d["file_start"], d["length"], batch_size)
-        offsets = tf.data.Dataset.range(d["length"]).batch(batch_size)
+        raw = raw_shard_dataset(d["path"], d["file_start"], d["length"], d["batch_size"])
+        offsets = tf.data.Dataset.range(d["length"]).batch(d["batch_size"])
         batches = tf.data.Dataset.zip((raw, offsets)).map(lambda r, o: to_batch(r, o, d))
         if wait_markers:   # a WAIT (length 0, nothing read): one empty batch
             marker = tf.data.Dataset.range(
