@@ -53,6 +53,12 @@ def test_open_next_report_end_with_tf_ops(master):
         leases.append((lease, shard, epoch, length))
     # all three shards are leased to worker 3 now; nothing is free: WAIT (long poll)
     assert status == pull.STATUS_WAIT and sorted(n for *_, n in leases) == [50, 100, 100]
+    master.server.tf_rpc.wait_seconds = 30     # a BSP round's call does not wait for it
+    t0 = time.monotonic()
+    status, *_ = call(master, "antdt.next", [tf.constant("d"), c64(3), c64(inc),
+                                             c64(len(leases) + 2), c64(0)], pull._NEXT_TYPES)
+    assert status == pull.STATUS_WAIT and time.monotonic() - t0 < 10
+    master.server.tf_rpc.wait_seconds = 0.2
     lease, shard, epoch, length = leases[0]
     (rejected,) = call(master, "antdt.report", [
         tf.constant("d"), c64(3), c64(inc), c64([lease]), c64([shard]),
@@ -103,6 +109,8 @@ def test_a_new_incarnation_takes_back_the_old_ones_leases(master):
     ("antdt.report", lambda: [tf.constant("d"), c64(0), c64(1), c64([1, 2]), c64([1]),
                               tf.constant([0], tf.int32), c64([1])], [I64],
      tf.errors.InvalidArgumentError),
+    ("antdt.next", lambda: [tf.constant("d"), c64(0), c64(1), c64(1), c64(-1)],
+     pull._NEXT_TYPES, tf.errors.InvalidArgumentError),
     ("antdt.step", lambda: [tf.constant("d"), c64(0), c64(1), c64(-5), c64(10)], [I64],
      tf.errors.InvalidArgumentError),
     ("antdt.step", lambda: [tf.constant("nope"), c64(0), c64(1), c64(5), c64(10)], [I64],

@@ -54,11 +54,23 @@ class DeepFM(tf.Module):
         lin = tf.reshape(tf.gather(self.linear, flat), [n, NUM_SPARSE, 1])
         return self.logits(batch, emb, lin)
 
-    def train_step(self, batch, record_ids):
-        """One SGD step on ``batch``; counts the records in the audit counter."""
+    @property
+    def sparse_tables(self) -> dict:
+        """The embedding tables a step updates row by row (BSP stages their rows)."""
+        return {"embedding": self.embedding, "linear": self.linear}
+
+    @property
+    def dense_variables(self) -> list:
+        return [self.w1, self.b1, self.w2, self.bias]
+
+    ids_per_record = NUM_SPARSE
+
+    def gradients(self, batch):
+        """``(loss, ids, rows, dense)`` of one batch, nothing applied: ``rows[name]`` are
+        the gradient rows of ``sparse_tables[name]`` at ``ids`` (one per id, repeats
+        allowed), ``dense`` the gradients of ``dense_variables``."""
         idx = self._hash(batch["sparse"])
         flat = tf.reshape(idx, [-1])
-        dense_vars = [self.w1, self.b1, self.w2, self.bias]
         with tf.GradientTape() as tape:
             emb_rows = tf.gather(self.embedding, flat)
             lin_rows = tf.gather(self.linear, flat)
@@ -68,11 +80,16 @@ class DeepFM(tf.Module):
             lin = tf.reshape(lin_rows, [n, NUM_SPARSE, 1])
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
                 labels=batch["label"], logits=self.logits(batch, emb, lin)))
-        grads = tape.gradient(loss, [emb_rows, lin_rows] + dense_vars)
+        grads = tape.gradient(loss, [emb_rows, lin_rows] + self.dense_variables)
+        return loss, flat, {"embedding": grads[0], "linear": grads[1]}, grads[2:]
+
+    def train_step(self, batch, record_ids):
+        """One SGD step on ``batch``; counts the records in the audit counter."""
+        loss, flat, rows, dense = self.gradients(batch)
         lr = self.learning_rate
-        self.embedding.scatter_sub(tf.IndexedSlices(lr * grads[0], flat))
-        self.linear.scatter_sub(tf.IndexedSlices(lr * grads[1], flat))
-        for var, grad in zip(dense_vars, grads[2:]):
+        for name, table in self.sparse_tables.items():
+            table.scatter_sub(tf.IndexedSlices(lr * rows[name], flat))
+        for var, grad in zip(self.dense_variables, dense):
             var.assign_sub(lr * grad)
         if self.applied is not None:
             self.applied.scatter_add(tf.IndexedSlices(

@@ -10,11 +10,12 @@ no bridge process. Each worker's input pipeline (``antdt_tf.tf.pull``) calls:
     A new incarnation of task ``worker:<i>`` for a new per-worker iterator (e.g. after
     the worker restarted). Its first ``antdt.next`` replaces the old incarnation, whose
     leases go back to TODO from their reported offsets.
-``antdt.next(dataset, worker, incarnation, request: int64) -> (status: int32, lease,
+``antdt.next(dataset, worker, incarnation, request[, wait_ms]: int64) -> (status: int32, lease,
 shard: int64, epoch: int32, file: string, file_start, start, length, batch_size: int64)``
     The next lease. ``request`` (> 0, unique per incarnation) makes a retried call
     return the same lease instead of a second one. Long-polls up to ``wait_seconds``
-    while every remaining shard is leased elsewhere (status 2 = WAIT: ask again);
+    (or ``wait_ms``, if smaller: BSP rounds do not wait) while every remaining shard is
+    leased elsewhere (status 2 = WAIT: ask again);
     1 = SHARD; 3 = END. ``batch_size``: the Controller's records per batch for this
     worker (ADJUST_BS), 0 = the worker's own.
 ``antdt.report(dataset, worker, incarnation, leases: int64[], shards: int64[],
@@ -136,6 +137,13 @@ class TfRpcServicer:
         return tpb.TfCallResponse(output_tensors=[_i64(incarnation)])
 
     async def next(self, req) -> tpb.TfCallResponse:
+        wait_seconds = self.wait_seconds
+        if len(req.input_tensors) == 5:      # an explicit long-poll bound (ms)
+            wait_ms = _scalar(req.input_tensors[4], tpb.DT_INT64, "wait_ms")
+            if wait_ms < 0:
+                raise InvalidRequest(f"wait_ms must be >= 0, got {wait_ms}")
+            wait_seconds = min(wait_seconds, wait_ms / 1000)
+            req = tpb.TfCallRequest(method=req.method, input_tensors=req.input_tensors[:4])
         dataset_t, worker_t, inc_t, request_t = self._args(req, 4)
         dataset = _scalar(dataset_t, tpb.DT_STRING, "dataset")
         task = self._task(_scalar(worker_t, tpb.DT_INT64, "worker"),
@@ -143,7 +151,7 @@ class TfRpcServicer:
         request_id = _scalar(request_t, tpb.DT_INT64, "request")
         if request_id <= 0:
             raise InvalidRequest(f"request must be > 0, got {request_id}")
-        deadline = time.monotonic() + self.wait_seconds
+        deadline = time.monotonic() + wait_seconds
         while True:
             resp = self.state.get_shard(dataset, task, request_id)
             self.sharding.after_call()

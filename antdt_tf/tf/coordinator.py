@@ -39,6 +39,12 @@ flags.DEFINE_string("checkpoint_dir", "", "Checkpoint model + sharding state her
 flags.DEFINE_enum("data_path", "pull", ["pull", "closure"], "pull: each worker's tf.data "
                   "pipeline leases shards from the master itself (many steps per closure); "
                   "closure: the coordinator leases shards and schedules one closure per shard.")
+flags.DEFINE_enum("mode", "async", ["async", "bsp"], "async: every worker applies its own "
+                  "steps to the PS (PSS's default). bsp: synchronous rounds, one batch per "
+                  "worker, applied together by the chief (see antdt_tf.tf.bsp); pull data "
+                  "path only.")
+flags.DEFINE_integer("max_batch_size", 0, "bsp: the largest batch one worker may stage "
+                     "(0: the global batch, num_workers * batch_size).")
 flags.DEFINE_integer("steps_per_closure", 16, "pull: training steps per scheduled closure.")
 flags.DEFINE_integer("checkpoint_every_shards", 8, "closure: checkpoint after this many DONE "
                      "shards.")
@@ -97,7 +103,20 @@ def main(argv):
             except Exception as e:  # scalars are best effort too
                 logging.warning("TensorBoard scalars not written: %s", e)
 
-    if FLAGS.data_path == "pull":
+    if FLAGS.mode == "bsp":
+        if FLAGS.data_path != "pull":
+            _leave(2, "--mode=bsp needs --data_path=pull")
+        from antdt_tf.tf.bsp import SyncRoundTrainer
+
+        trainer = SyncRoundTrainer(
+            strategy, coordinator, FLAGS.master, FLAGS.dataset, model, FLAGS.batch_size,
+            num_workers=len(spec["worker"]),
+            progress_fn=lambda: client.progress(FLAGS.dataset).datasets[0], reporter=client,
+            max_batch_size=FLAGS.max_batch_size,
+            checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
+            on_progress=report_workers, progress_seconds=FLAGS.report_seconds,
+            worker_slots=FLAGS.worker_slots)
+    elif FLAGS.data_path == "pull":
         from antdt_tf.tf.pull import PullTrainer
 
         trainer = PullTrainer(
@@ -131,7 +150,11 @@ def main(argv):
     except Exception as e:  # the binary's top level: report, then leave (see _leave)
         logging.exception("training failed")
         _leave(1, f"training failed: {type(e).__name__}: {e}")
-    report.update(records=result.records, shards=result.shards, seconds=result.seconds,
+    if FLAGS.mode == "bsp":
+        report.update(rounds=trainer.rounds, refused_reports=trainer.refused_reports,
+                      batch_sizes_seen={w: dict(c) for w, c in trainer.batch_sizes_seen.items()})
+    report.update(mode=FLAGS.mode,
+                  records=result.records, shards=result.shards, seconds=result.seconds,
                   shards_per_worker=result.shards_per_worker,
                   records_per_worker=result.records_per_worker,
                   worker_last_step_unix=getattr(result, "last_step_unix", []))

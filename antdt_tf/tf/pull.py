@@ -96,7 +96,7 @@ def _call(client, method: str, args, tout, timeout_ms: int, attempts: int = 6):
 
 def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                 wait_markers: bool = False) -> tf.data.Dataset:
+                 wait_markers: bool = False, wait_ms: int = -1) -> tf.data.Dataset:
     """The batches this worker trains, pulled shard by shard from the master.
 
     Call inside the ``dataset_fn`` of ``ClusterCoordinator.create_per_worker_dataset``
@@ -111,6 +111,10 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     its closures (to checkpoint) would otherwise wait for a worker that waits for data
     only another, unscheduled closure would train (seen: a checkpoint stalled until a
     lease expired; with static sharding, forever).
+
+    ``wait_ms``: how long the master may hold a ``next`` call while nothing is free
+    (-1: the master's long poll, 2 s). BSP rounds pass 0: a round must not wait 2 s
+    for a worker that has nothing to do in it.
     """
     if worker is None:
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -121,8 +125,11 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
 
     def next_lease(i):
         # request id i + 1 (unique in this incarnation): a retried call gets the same lease
+        args = [name, worker, incarnation, i + 1]
+        if wait_ms >= 0:
+            args.append(tf.constant(wait_ms, tf.int64))
         status, lease, shard, epoch, path, file_start, start, length, size = _call(
-            client, "antdt.next", [name, worker, incarnation, i + 1], _NEXT_TYPES, timeout_ms)
+            client, "antdt.next", args, _NEXT_TYPES, timeout_ms)
         # ADJUST_BS: the Controller's batch size for this worker, from this lease on
         size = tf.where(size > 0, size, tf.constant(batch_size, tf.int64))
         return {"status": status, "lease": lease, "shard": shard, "epoch": epoch,
