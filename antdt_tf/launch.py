@@ -56,6 +56,10 @@ flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
 flags.DEFINE_enum("api", "custom_loop", ["custom_loop", "keras"], "How the chief trains: "
                   "custom_loop = antdt-coordinator (ClusterCoordinator loop); keras = "
                   "antdt-keras-trainer (tf-keras model.fit with the antdt callback).")
+flags.DEFINE_enum("mode", "async", ["async", "bsp"], "custom_loop + pull: async = every "
+                  "worker applies its own steps (PSS's default); bsp = synchronous rounds, "
+                  "one batch per worker applied together (stragglers then slow every "
+                  "round: the presets adjust per-worker batch sizes, ADJUST_BS).")
 flags.DEFINE_enum("data_path", "pull", ["pull", "closure"], "custom_loop only: pull = "
                   "workers lease shards from the master in their tf.data pipeline; closure = "
                   "the coordinator schedules one closure per shard.")
@@ -140,6 +144,7 @@ class JobConfig:
     replace_ps_cost_seconds: float = 30.0
     min_gain_seconds: float = 2.0
     max_workers: int = 0
+    mode: str = "async"
 
 
 def place(num_ps: int, num_workers: int, num_hosts: int) -> dict[tuple[str, int], int]:
@@ -215,6 +220,7 @@ class LocalJob:
         self.actions: list[dict] = []      # what the controller did, with outcomes
         self.standby_count = 0
         self.best_rate = 0.0     # the job's best records/s (every worker judged) so far
+        self.batch_sizes: dict[int, int] = {}   # ADJUST_BS sizes in force (worker -> size)
         self.health: list = []             # the Monitor's latest TaskHealth list
         self.trainer_records: list[int] = []   # records per worker, the chief's latest report
         # [seconds since training started, records of worker 0, 1, ...] every 0.5 s
@@ -286,6 +292,7 @@ class LocalJob:
             args.append(f"--tensorboard_dir={cfg.workdir / 'tensorboard'}")
             if cfg.data_path == "pull":
                 args.append(f"--worker_slots={len(self.spec['worker'])}")
+                args.append(f"--mode={cfg.mode}")
         if cfg.eval_data:
             args.append(f"--eval_data={cfg.eval_data}")
         if cfg.audit:
@@ -312,7 +319,7 @@ class LocalJob:
                                 else 0),
                 # only PullTrainer skips the batches of a lease whose report was refused
                 tail_stealing=(getattr(self.policy, "tail_stealing", False)
-                               and self.cfg.api == "custom_loop"
+                               and self.cfg.api == "custom_loop" and self.cfg.mode == "async"
                                and self.cfg.data_path == "pull")))
 
     # ------------------------------------------------------------------ the job
@@ -439,7 +446,9 @@ class LocalJob:
         obs = Observation(now=time.time(), workers=tuple(v for v in views if v.job == "worker"),
                           ps=tuple(v for v in views if v.job == "ps"),
                           remaining_records=max(0, self.num_records * self.cfg.epochs - records),
-                          costs=self.costs, busy=busy, best_records_per_second=self.best_rate)
+                          costs=self.costs, busy=busy, best_records_per_second=self.best_rate,
+                          mode=self.cfg.mode, batch_size=self.cfg.batch_size,
+                          batch_sizes=tuple(sorted(self.batch_sizes.items())))
         try:
             actions = list(self.policy.decide(obs))
         except Exception as e:  # a user policy's bug must not take the job down
@@ -466,12 +475,15 @@ class LocalJob:
         """Starts an action: the new process first imports TF on the other host and
         stands by (``antdt-tf-server --standby_file``); :meth:`_follow` then kills the
         old one, and the new one binds the address within milliseconds."""
-        from antdt_tf.controller import RelaunchWorker, ReplacePs, ScaleWorkers
+        from antdt_tf.controller import AdjustBatchSizes, RelaunchWorker, ReplacePs, ScaleWorkers
 
         job, index = action.task
         kind = type(action).__name__
         if isinstance(action, ScaleWorkers):
             self._scale(action)
+            return
+        if isinstance(action, AdjustBatchSizes):
+            self._adjust_batch_sizes(action)
             return
         if not isinstance(action, (RelaunchWorker, ReplacePs)):
             raise InvalidRequest(f"the launcher cannot carry out {kind}")
@@ -488,6 +500,21 @@ class LocalJob:
             "from_host": src, "to_host": dst, "_pending": True, "_phase": "standby",
             "_ready": ready, "_t0": time.monotonic(), "_old_incarnation": old[0] if old else -1,
             "_chief_restarts": self.restarts.get(("chief", 0), 0)})
+
+    def _adjust_batch_sizes(self, action) -> None:
+        """ADJUST_BS: the master hands the sizes out with each worker's next lease."""
+        from antdt_tf.sharding.client import ShardingClient
+
+        sizes = dict(action.sizes)
+        with ShardingClient(self.master_address, timeout=10) as admin:
+            admin.set_batch_sizes("train", sizes, replace=True)
+        self.batch_sizes = sizes
+        ev = self._event(f"controller ({self.policy.name}): AdjustBatchSizes "
+                         f"{sizes}: {action.reason}", action="AdjustBatchSizes")
+        self.actions.append({"t": ev["t"], "action": "AdjustBatchSizes", "job": "chief",
+                             "index": 0, "reason": action.reason,
+                             "batch_sizes": {str(w): b for w, b in sizes.items()},
+                             "_done_at": time.monotonic()})
 
     def _scale(self, action) -> None:
         """Scale out: the new workers stand by first (:meth:`_follow` switches when all
@@ -726,6 +753,8 @@ class LocalJob:
             "cpu_seconds": cpu,
             "coordinator": coord,
             "policy": self.policy.name,
+            "mode": cfg.mode,
+            "batch_sizes": {str(w): b for w, b in self.batch_sizes.items()},
             "actions": [{k: v for k, v in a.items() if not k.startswith("_")}
                         for a in self.actions],
             "health": [_health_dict(h) for h in self.health],
@@ -891,9 +920,12 @@ def summary_table(report: dict) -> str:
                         else ""))
     for act in report.get("actions", []):
         after = act.get("recovered_after_s")
-        what = (f"{act['from_workers']} -> {act['to_workers']} workers"
-                if act["action"] == "ScaleWorkers" else
-                f"{act['job']}:{act['index']} host{act['from_host']} -> host{act['to_host']}")
+        if act["action"] == "ScaleWorkers":
+            what = f"{act['from_workers']} -> {act['to_workers']} workers"
+        elif act["action"] == "AdjustBatchSizes":
+            what = "batch sizes " + ", ".join(f"w{w}:{b}" for w, b in act["batch_sizes"].items())
+        else:
+            what = f"{act['job']}:{act['index']} host{act['from_host']} -> host{act['to_host']}"
         lines.append(f"controller at {act['t']:.1f}s: {act['action']} {what} ({act['reason']})"
                      + (f" — working again {after:.1f}s later" if after is not None else ""))
     if "audit" in report:
@@ -918,6 +950,10 @@ def config_from_flags() -> JobConfig:
                                                   or FLAGS.data_path != "pull"):
         raise app.UsageError("scaling (--max_workers) needs --api=custom_loop "
                              "--data_path=pull")
+    if FLAGS.mode == "bsp" and (FLAGS.api != "custom_loop" or FLAGS.data_path != "pull"
+                                or FLAGS.max_workers > FLAGS.num_workers):
+        raise app.UsageError("--mode=bsp needs --api=custom_loop --data_path=pull and no "
+                             "--max_workers (a round has one batch per worker at start)")
     for name in ("epochs", "batch_size", "records_per_shard", "buckets"):
         if getattr(FLAGS, name) < 1:
             raise app.UsageError(f"--{name} must be >= 1")
@@ -973,7 +1009,7 @@ def config_from_flags() -> JobConfig:
         epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
         records_per_shard=FLAGS.records_per_shard, shuffle=FLAGS.shuffle,
         buckets=FLAGS.buckets, checkpoint_dir=ckpt, learning_rate=FLAGS.learning_rate,
-        api=FLAGS.api, data_path=FLAGS.data_path,
+        api=FLAGS.api, data_path=FLAGS.data_path, mode=FLAGS.mode,
         checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
         checkpoint_every_shards=FLAGS.checkpoint_every_shards, audit=FLAGS.audit,
         workdir=workdir, injections=injections, timeout_seconds=FLAGS.timeout_seconds,

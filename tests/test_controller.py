@@ -6,8 +6,9 @@ import types
 
 import pytest
 
-from antdt_tf.controller import (AntDTDD, AntDTND, CostModel, DynamicOnly, Observation,
-                                 Policy, RelaunchWorker, ReplacePs, TaskView, load_policy)
+from antdt_tf.controller import (AdjustBatchSizes, AntDTDD, AntDTND, CostModel, DynamicOnly,
+                                 Observation, Policy, RelaunchWorker, ReplacePs, TaskView,
+                                 balanced_batch_sizes, load_policy)
 
 
 def worker(i, cls="normal", slowness=1.0, rate=10_000.0, batch=256):
@@ -18,12 +19,39 @@ def ps(i, cls="normal", slowness=1.0, latency=2.0):
     return TaskView("ps", i, cls, slowness, latency_ms=latency, samples=10)
 
 
-def obs(workers, pss=(), remaining=2_000_000, costs=None, busy=frozenset()):
+def obs(workers, pss=(), remaining=2_000_000, costs=None, busy=frozenset(), **extra):
     return Observation(now=0.0, workers=tuple(workers), ps=tuple(pss),
-                       remaining_records=remaining, costs=costs or CostModel(), busy=busy)
+                       remaining_records=remaining, costs=costs or CostModel(), busy=busy,
+                       **extra)
 
 
 SLOW_WORKER = [worker(0), worker(1), worker(2, "persistent", 4.0, 2_500.0)]
+
+
+def bsp(workers, sizes=(), remaining=2_000_000, busy=frozenset()):
+    return obs(workers, remaining=remaining, busy=busy, mode="bsp", batch_size=256,
+               batch_sizes=tuple(sizes))
+
+
+def test_adjust_bs_sizes_follow_speed_and_keep_the_global_batch():
+    hetero = [worker(0), worker(1, "deterministic", 2.0, 5_000.0), worker(2)]
+    sizes = balanced_batch_sizes(bsp(hetero))
+    assert sum(sizes.values()) == 3 * 256
+    assert sizes[1] == pytest.approx(sizes[0] / 2, abs=2) and sizes[0] == pytest.approx(
+        sizes[2], abs=2)
+    unmeasured = TaskView("worker", 3, samples=2)
+    assert balanced_batch_sizes(bsp(hetero + [unmeasured])) == {}
+    for policy in (AntDTDD(), AntDTND()):    # in BSP, both presets first rebalance
+        (action,) = policy.decide(bsp(hetero))
+        assert isinstance(action, AdjustBatchSizes) and dict(action.sizes) == sizes
+        assert "rounds 51 -> 31 ms" in action.reason
+        # in force already (rounds balanced): nothing more to gain from ADJUST_BS
+        assert not any(isinstance(a, AdjustBatchSizes)
+                       for a in policy.decide(bsp(hetero, sizes=sizes.items())))
+    assert AntDTDD().decide(obs(hetero)) == []          # async: dynamic sharding balances
+    assert AntDTDD().decide(bsp(hetero, busy=frozenset({("chief", 0)}))) == []
+    assert AntDTDD().decide(bsp(hetero, remaining=2_000)) == []     # too little left
+    assert DynamicOnly().decide(bsp(hetero)) == []      # the baselines never act
 
 
 def test_relaunch_gain_follows_the_arithmetic():

@@ -104,3 +104,22 @@ def test_dynamic_policy_only_watches(tmp_path):
             "monitor/worker0/bpt_seconds", "monitor/ps0/latency_ms",
             "trainer/worker1/records"} <= tags
     assert len(report["timeline"]) > 5 and len(report["timeline"][-1]) == 3
+
+
+def test_antdt_dd_adjusts_batch_sizes_in_bsp_mode(tmp_path):
+    """BSP with a worker at a third of its speed from the start: the rounds wait for it
+    until ADJUST_BS gives it a batch in proportion to its speed (global batch constant);
+    the rounds then train the new sizes, and every record is applied exactly once."""
+    report, out = launch(tmp_path, "--num_ps=1", "--num_workers=2", "--mode=bsp",
+                         "--policy=antdt-dd", "--straggler_window_seconds=3",
+                         "--batch_size=128", "--records_per_shard=1024",
+                         "--inject=slow:worker:1:x3@0s", records=60_000)
+    adjust = [a for a in report["actions"] if a["action"] == "AdjustBatchSizes"]
+    assert adjust, (report["actions"], report["health"], report["events"])
+    sizes = {int(w): b for w, b in adjust[-1]["batch_sizes"].items()}
+    assert sum(sizes.values()) == 2 * 128 and sizes[1] < sizes[0]   # the slow one less
+    seen = report["coordinator"]["batch_sizes_seen"]
+    assert str(sizes[1]) in seen["1"] and str(sizes[0]) in seen["0"]  # trained with them
+    assert report["mode"] == "bsp" and report["coordinator"]["mode"] == "bsp"
+    assert report["audit"]["applied_1"] == report["records"] == 60_000   # exactly once
+    assert "AdjustBatchSizes" in out

@@ -6,11 +6,12 @@ returns actions; the launcher carries them out through the agents. See
 ``antdt_tf.controller.policy`` for the preset policies and how to write one.
 """
 
-from antdt_tf.controller.actions import Action, RelaunchWorker, ReplacePs, ScaleWorkers
+from antdt_tf.controller.actions import (Action, AdjustBatchSizes, RelaunchWorker, ReplacePs,
+                                         ScaleWorkers)
 from antdt_tf.controller.policy import (AntDTDD, AntDTND, CostModel, DynamicOnly,
                                         Observation, Policy, StaticSharding, TaskView,
-                                        load_policy)
+                                        balanced_batch_sizes, load_policy)
 
-__all__ = ["Action", "AntDTDD", "AntDTND", "CostModel", "DynamicOnly", "Observation",
+__all__ = ["Action", "AdjustBatchSizes", "AntDTDD", "AntDTND", "CostModel", "DynamicOnly", "Observation",
            "Policy", "RelaunchWorker", "ReplacePs", "ScaleWorkers", "StaticSharding",
-           "TaskView", "load_policy"]
+           "TaskView", "balanced_batch_sizes", "load_policy"]

@@ -48,3 +48,15 @@ class ScaleWorkers(Action):
     @property
     def task(self) -> tuple[str, int]:
         return "chief", 0
+
+
+@dataclasses.dataclass(frozen=True)
+class AdjustBatchSizes(Action):
+    """ADJUST_BS: records per batch by worker, ``((worker, size), ...)``, in proportion
+    to measured speed with the global batch kept constant. The master hands each size
+    out with the worker's next lease (a step boundary): no restart, nothing redone."""
+    sizes: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def task(self) -> tuple[str, int]:
+        return "chief", 0

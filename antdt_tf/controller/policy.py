@@ -43,7 +43,7 @@ import importlib
 import statistics
 from typing import Sequence
 
-from antdt_tf.controller.actions import Action, RelaunchWorker, ReplacePs
+from antdt_tf.controller.actions import AdjustBatchSizes, Action, RelaunchWorker, ReplacePs
 from antdt_tf.monitor.straggler import DETERMINISTIC, PERSISTENT
 
 
@@ -111,6 +111,24 @@ class CostModel:
                           + obs.remaining_records / rate_after)
 
 
+def balanced_batch_sizes(obs: "Observation", min_size: int = 8) -> dict[int, int]:
+    """ADJUST_BS: per-worker batch sizes in proportion to measured speed, summing to the
+    global batch (``batch_size`` times the workers); {} while a worker is unmeasured."""
+    rates = {w.index: w.records_per_second for w in obs.workers}
+    if not rates or obs.batch_size <= 0 or min(rates.values()) <= 0:
+        return {}
+    total_batch, total_rate = obs.batch_size * len(rates), sum(rates.values())
+    sizes = {w: max(min_size, int(total_batch * r / total_rate)) for w, r in rates.items()}
+    fastest = max(rates, key=rates.get)          # rounding remainder to the fastest
+    sizes[fastest] = max(min_size, total_batch - sum(s for w, s in sizes.items() if w != fastest))
+    return sizes
+
+
+def round_seconds(obs: "Observation", sizes: dict[int, int]) -> float:
+    """A BSP round's length with these batch sizes: its slowest worker's step."""
+    return max(sizes.get(w.index, obs.batch_size) / w.records_per_second for w in obs.workers)
+
+
 @dataclasses.dataclass(frozen=True)
 class Observation:
     now: float
@@ -120,6 +138,9 @@ class Observation:
     costs: CostModel
     busy: frozenset = frozenset()    # (job, index) with an action in flight or cooling down
     best_records_per_second: float = 0.0   # the job's best rate so far (all workers)
+    mode: str = "async"              # "async" or "bsp" (synchronous rounds)
+    batch_size: int = 0              # every worker's default records per batch
+    batch_sizes: tuple[tuple[int, int], ...] = ()   # the Controller's sizes in force
 
     def busy_with(self, task: TaskView) -> bool:
         return (task.job, task.index) in self.busy
@@ -149,11 +170,37 @@ class StaticSharding(DynamicOnly):
 
 class _Acting(Policy):
     """Relaunch/replace the tasks of the classes ``act_on`` when the cost model says so;
-    PS first (a slow PS slows every worker), one action per decision."""
+    PS first (a slow PS slows every worker), one action per decision. In BSP mode,
+    first ADJUST_BS: cheap and reversible, it follows the measured rates of every worker
+    (whatever their class) when it shortens the rounds by ``rebalance_ratio`` and saves
+    ``min_gain_seconds`` over the rest of the job."""
     worker_classes: frozenset = frozenset()
     ps_classes: frozenset = frozenset()
+    adjust_batch_sizes = True
+    rebalance_ratio = 0.10
+
+    def _adjust(self, obs: Observation) -> Sequence[Action]:
+        if (obs.mode != "bsp" or not self.adjust_batch_sizes
+                or ("chief", 0) in obs.busy):
+            return []
+        sizes = balanced_batch_sizes(obs)
+        if not sizes:
+            return []
+        now, after = round_seconds(obs, dict(obs.batch_sizes)), round_seconds(obs, sizes)
+        rounds_left = obs.remaining_records / (obs.batch_size * len(sizes))
+        gain = rounds_left * (now - after)
+        if after > (1 - self.rebalance_ratio) * now or gain < obs.costs.min_gain_seconds:
+            return []
+        rates = ", ".join(f"worker {w.index} {w.records_per_second:.0f}/s"
+                          for w in sorted(obs.workers, key=lambda t: t.index))
+        return [AdjustBatchSizes(sizes=tuple(sorted(sizes.items())), reason=(
+            f"BSP rounds {now * 1e3:.0f} -> {after * 1e3:.0f} ms with batch sizes in "
+            f"proportion to speed ({rates}); saves ~{gain:.0f}s"))]
 
     def decide(self, obs: Observation) -> Sequence[Action]:
+        adjust = self._adjust(obs)
+        if adjust:
+            return adjust
         costs = obs.costs
         for p in sorted(obs.ps, key=lambda t: -t.slowness):
             if p.straggler_class in self.ps_classes and not obs.busy_with(p):
