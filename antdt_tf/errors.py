@@ -5,6 +5,10 @@ the subclasses to gRPC status codes in one place (``sharding/service.py``); call
 classify failures by type, never by message text.
 """
 
+# gRPC trailing-metadata key carrying the error's class name, so clients re-raise the
+# same type (here, not in the service module: a client must not import the server side)
+ERROR_METADATA_KEY = "antdt-error"
+
 
 class AntdtError(Exception):
     """Root of all antdt-tf errors."""

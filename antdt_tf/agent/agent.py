@@ -32,7 +32,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from antdt_tf.agent.supervisor import TaskSupervisor
 from antdt_tf.errors import AntdtError
 from antdt_tf.proto import cluster_pb2 as cpb
-from antdt_tf.sharding.service import ERROR_METADATA_KEY, SERVER_OPTIONS, status_of
+from antdt_tf.errors import ERROR_METADATA_KEY
+from antdt_tf.sharding.service import SERVER_OPTIONS, status_of
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("host_name", "localhost", "Name of the host this agent represents.")

@@ -26,7 +26,6 @@ from antdt_tf import errors
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.proto import sharding_pb2_grpc as pb_grpc
 from antdt_tf.sharding.plan import DatasetSpec
-from antdt_tf.sharding.service import ERROR_METADATA_KEY
 from antdt_tf.sharding.state import spec_to_proto
 
 _SERVICE_CONFIG = json.dumps({
@@ -67,7 +66,7 @@ class Task:
 
 
 def _raise_typed(e: grpc.RpcError, what: str, unavailable=None):
-    name = dict(e.trailing_metadata() or ()).get(ERROR_METADATA_KEY)
+    name = dict(e.trailing_metadata() or ()).get(errors.ERROR_METADATA_KEY)
     cls = getattr(errors, name, None) if name else None
     if isinstance(cls, type) and issubclass(cls, errors.AntdtError):
         raise cls(e.details()) from e

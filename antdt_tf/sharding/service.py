@@ -21,9 +21,9 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from antdt_tf.errors import (AntdtError, DatasetConflict, IncompatibleState, InvalidRequest,
-                             LeaseNotHeld, StaleIncarnation, TaskAlreadyRunning,
-                             UnknownDataset, UnknownTask)
+from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, DatasetConflict,
+                             IncompatibleState, InvalidRequest, LeaseNotHeld,
+                             StaleIncarnation, TaskAlreadyRunning, UnknownDataset, UnknownTask)
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.state import ShardState, spec_from_proto
 from antdt_tf.sharding.store import StateStore
@@ -31,7 +31,6 @@ from antdt_tf.sharding.store import StateStore
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "antdt.v1.ShardingService"
-ERROR_METADATA_KEY = "antdt-error"
 ERROR_CODES: dict[type, grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     UnknownDataset: grpc.StatusCode.NOT_FOUND,
