@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.antdt-installed
 
-.PHONY: install test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-scenarios protos bazel-test clean
+.PHONY: install test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-scenarios bench-peer protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ bench-shard-cost: $(STAMP)
 bench-scenarios: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m benchmarks.scenarios --out benchmarks/results/scenarios.md
+
+# The TF-native peer: PSS fed by the tf.data service (DYNAMIC) vs antdt-tf, with and
+# without a 4x straggler (4 whole jobs; a few minutes here).
+bench-peer: $(STAMP)
+	$(PY) -m benchmarks.dataservice_peer --out benchmarks/results/dataservice_peer.md
 
 bench-compare: $(STAMP)
 	$(PY) -m benchmarks.compare_pss --rounds=3 --out benchmarks/results/compare_pss.md
