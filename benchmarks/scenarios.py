@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m benchmarks.scenarios [--records=600000] [--scenarios=1,2,3,4]
+    python -m benchmarks.scenarios [--records=600000] [--scenarios=1,2,3,3bsp,4]
         [--policies=static,dynamic,antdt-nd,antdt-dd] [--out=benchmarks/results/scenarios.md]
 
 Every run is a whole ``antdt-launch`` job (agents, master, PS, workers, coordinator: real
@@ -11,8 +11,9 @@ real slowdown injected by the agent (SIGSTOP/SIGCONT duty cycling):
 
 1. transient worker straggler: worker 2 at 1/4 speed from 3 s to 9 s;
 2. persistent worker straggler: worker 2 at 1/4 speed from 3 s to the end;
-3. deterministic heterogeneity: workers 1 and 2 at half speed all along (asynchronous
-   training; the BSP mode is not built yet);
+3. deterministic heterogeneity: workers 1 and 2 at half speed all along, in asynchronous
+   training (``3``) and in synchronous BSP rounds (``3bsp``, ``--mode=bsp``: there the
+   presets adjust per-worker batch sizes, ADJUST_BS);
 4. persistent PS straggler: ps 0 (of 2) at 1/3 speed from 3 s to the end.
 
 Policies: ``static`` (static sharding, no action: the baseline), ``dynamic`` (dynamic
@@ -50,7 +51,7 @@ flags.DEFINE_integer("records", 600_000, "Training records (scenarios 1-3).")
 flags.DEFINE_integer("ps_records", 1_500_000, "Training records of scenario 4: replacing a "
                      "PS costs a fixed pause (start, restore, redo since the checkpoint), so "
                      "it pays in longer jobs.")
-flags.DEFINE_list("scenarios", ["1", "2", "3", "4"], "Scenarios to run (1-4).")
+flags.DEFINE_list("scenarios", ["1", "2", "3", "3bsp", "4"], "Scenarios to run.")
 flags.DEFINE_list("policies", ["static", "dynamic", "antdt-nd", "antdt-dd"], "Policies.")
 flags.DEFINE_integer("rounds", 1, "Repetitions of every (scenario, policy); medians.")
 flags.DEFINE_string("out", "benchmarks/results/scenarios.md", "Results table (markdown).")
@@ -60,18 +61,21 @@ SCENARIOS = {
     "2": ("persistent worker straggler (w2 x4 from 3 s)", 1, ["slow:worker:2:x4@3s"]),
     "3": ("deterministic heterogeneity (w1, w2 x2 all along)", 1,
           ["slow:worker:1:x2@0s", "slow:worker:2:x2@0s"]),
+    "3bsp": ("deterministic heterogeneity, BSP rounds (w1, w2 x2 all along)", 1,
+             ["slow:worker:1:x2@0s", "slow:worker:2:x2@0s"]),
     "4": ("persistent PS straggler (ps0 x3 from 3 s)", 2, ["slow:ps:0:x3@3s"]),
 }
 LAUNCH = [sys.executable, "-m", "antdt_tf.launch"]
 
 
-def run_job(workdir: pathlib.Path, data: str, num_ps: int, injections, policy: str) -> dict:
+def run_job(workdir: pathlib.Path, data: str, num_ps: int, injections, policy: str,
+            mode: str = "async") -> dict:
     report = workdir / "report.json"
     cmd = LAUNCH + [f"--num_ps={num_ps}", "--num_workers=3", f"--data={data}", "--eval_data=",
                     f"--batch_size={FLAGS.batch_size}", "--audit", f"--policy={policy}",
                     "--straggler_window_seconds=4", "--straggler_persistent_after_seconds=4",
                     "--relaunch_cost_seconds=10", "--replace_ps_cost_seconds=15",
-                    "--checkpoint_every_seconds=5", "--progress=false",
+                    "--checkpoint_every_seconds=5", "--progress=false", f"--mode={mode}",
                     f"--workdir={workdir}", f"--report_json={report}", "--timeout_seconds=600"]
     cmd += [f"--inject={i}" for i in injections]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -137,10 +141,12 @@ def main(argv):
             for policy in FLAGS.policies:
                 workdir = tmp / f"s{sc}-{policy}-{rnd}"
                 t = time.monotonic()
-                report = run_job(workdir, data, num_ps, injections, policy)
+                report = run_job(workdir, data, num_ps, injections, policy,
+                                 "bsp" if sc.endswith("bsp") else "async")
                 row = {"jct": report["jct_seconds"], "ideal": ideal_jct(report),
-                       "actions": [a["action"] + (f" {a['job']}:{a['index']}"
-                                                  if a["action"] != "ScaleWorkers" else "")
+                       "actions": [a["action"] + (f" {a['job']}:{a['index']}" if a["action"]
+                                                  not in ("ScaleWorkers", "AdjustBatchSizes")
+                                                  else "")
                                    for a in report["actions"]],
                        "audit_ok": report["audit"]["ok"],
                        "off": report["audit"]["applied_other"],
