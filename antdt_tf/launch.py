@@ -694,15 +694,19 @@ class LocalJob:
         except AntdtError as e:
             self._event(f"could not release worker:{worker}'s leases: {e}")
 
-    def _dataset_progress(self, timeout: float = 5):
-        """The master's DatasetProgress of the job's dataset, None while it is down."""
+    def _master_progress(self, timeout: float = 5):
+        """The master's GetProgress of the job's dataset, None while it is down."""
         from antdt_tf.sharding.client import ShardingClient
 
         try:
             with ShardingClient(self.master_address, timeout=timeout) as c:
-                return c.progress("train").datasets[0]
+                return c.progress("train")
         except AntdtError:
             return None
+
+    def _dataset_progress(self, timeout: float = 5):
+        p = self._master_progress(timeout)
+        return p.datasets[0] if p is not None else None
 
     def _records_done(self) -> int:
         p = self._dataset_progress(timeout=2)
@@ -712,7 +716,8 @@ class LocalJob:
         cfg = self.cfg
         end = self.finished_at or time.monotonic()
         jct = end - (self.train_t0 or self.t0)
-        final = self._dataset_progress()
+        progress = self._master_progress()
+        final = progress.datasets[0] if progress is not None else None
         if final is not None and final.started_unix and final.finished_unix:
             # exact: the master's journal times, not our polling
             jct = final.finished_unix - final.started_unix
@@ -761,6 +766,11 @@ class LocalJob:
             "timeline": self.timeline,
             # lease remainders idle workers took over (tail work-stealing)
             "stolen_leases": final.stolen_leases if final is not None else 0,
+            # what the master counted per task (its latest incarnation), from every
+            # worker's own reports: exact, unlike the chief's sampled counters
+            "master_records_per_task": {
+                f"{t.task.type}:{t.task.index}": t.records_done
+                for t in (progress.tasks if progress is not None else ())},
         }
         if "audit" in coord:
             audit = dict(coord["audit"])

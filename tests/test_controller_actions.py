@@ -64,9 +64,9 @@ def test_scale_out_then_in_while_the_job_runs(tmp_path):
     assert (out_["action"], out_["from_workers"], out_["to_workers"]) == ("ScaleWorkers", 2, 3)
     assert (in_["action"], in_["from_workers"], in_["to_workers"]) == ("ScaleWorkers", 3, 2)
     assert out_["recovered_after_s"] < 60 and in_["t"] >= out_["t"] + out_["recovered_after_s"]
-    # the third worker trained a while (the chief's per-worker counters, every 0.5 s; the
-    # scale-in may come right after the scale-out finished, before its next report)
-    assert max(row[3] for row in report["timeline"]) > 0
+    # the third worker trained (the master's count from its own reports: the chief's
+    # sampled counters may miss it when the scale-in follows the scale-out at once)
+    assert report["master_records_per_task"]["worker:2"] > 0, report["events"]
     assert report["audit"]["applied_1"] == report["records"]   # exact through both restarts
     assert "ScaleWorkers 2 -> 3 workers" in out and "ScaleWorkers 3 -> 2 workers" in out
 
