@@ -151,15 +151,17 @@ def run_peer() -> None:
         @tf.function
         def train(it):
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+            ended = tf.constant(False)
             for _ in tf.range(16):
                 optional = it.get_next_as_optional()
                 if not optional.has_value():
-                    return worker, tf.constant(True)
+                    ended = tf.constant(True)
+                    break
                 features, ids = optional.get_value()
                 first.assign(tf.minimum(first.read_value(), tf.timestamp()))
                 strategy.run(model.train_step, args=(dict(features), ids))
                 last.assign(tf.maximum(last.read_value(), tf.timestamp()))
-            return worker, tf.constant(False)
+            return worker, ended
 
         throttler = None
         if FLAGS.slow_factor > 1:
