@@ -588,7 +588,14 @@ class LocalJob:
                 return
             act["_low"] = min(act.get("_low", records), records)
             if records > act["_low"]:
-                self._done(act, now)
+                # scale-out: done when every added worker trains (its steps reach the
+                # Monitor), not only when the restarted chief trains again
+                since = act.setdefault("_training_since", now)
+                stepping = {h.task.index for h in self.health
+                            if h.task.job == "worker" and h.samples > 0}
+                added = range(act["from_workers"], act["to_workers"])
+                if all(i in stepping for i in added) or now - since > 60:
+                    self._done(act, now)
             return
         if act["_phase"] == "standby":
             if act["_ready"].exists():

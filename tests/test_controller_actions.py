@@ -63,7 +63,8 @@ def test_scale_out_then_in_while_the_job_runs(tmp_path):
     out_, in_ = report["actions"]
     assert (out_["action"], out_["from_workers"], out_["to_workers"]) == ("ScaleWorkers", 2, 3)
     assert (in_["action"], in_["from_workers"], in_["to_workers"]) == ("ScaleWorkers", 3, 2)
-    assert out_["recovered_after_s"] < 60 and in_["t"] >= out_["t"] + out_["recovered_after_s"]
+    # done = the third worker trains; the scale-in waits for that
+    assert out_["recovered_after_s"] < 90 and in_["t"] >= out_["t"] + out_["recovered_after_s"]
     # the third worker trained (the master's count from its own reports: the chief's
     # sampled counters may miss it when the scale-in follows the scale-out at once)
     assert report["master_records_per_task"]["worker:2"] > 0, report["events"]
