@@ -78,9 +78,12 @@ def test_tail_stealing_takes_over_a_slow_workers_shards_exactly(tmp_path):
     refused): every record still applied exactly once."""
     report, out = launch(tmp_path, "--num_ps=1", "--num_workers=3", "--policy=antdt-nd",
                          "--min_gain_seconds=100000",       # no relaunch: stealing alone
+                         # 5 long shards: the fast workers take two each while the slowed
+                         # worker is still inside its first, so a long tail is left to take
+                         "--records_per_shard=32768",
                          "--inject=slow:worker:2:x4@0s", records=160_000)
     assert report["actions"] == []
-    assert report["stolen_leases"] >= 1, report["events"]
+    assert report["stolen_leases"] >= 1, (report["records_per_worker"], report["events"])
     assert report["audit"]["applied_1"] == report["records"]
     assert "tail work-stealing" in out
 

@@ -500,6 +500,70 @@ def test_tail_stealing_takes_the_rest_of_a_slow_workers_lease_one_batch_ahead():
     assert [t.failures for t in state.progress("train").tasks] == [0, 0]
 
 
+def test_tail_stealing_takes_a_prefetched_lease_after_its_first_batch():
+    """A slow worker's lease it has not reported on yet (prefetched, or its first batch in
+    training) is stolen too: its batch size from earlier reports counts as in flight."""
+    clock = Clock()
+    state = ShardState(LeaseConfig(), clock=clock)
+    state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=400,
+                                       tail_stealing=True))
+    slow, fast = W(0), W(1)
+    a = state.get_shard("train", slow).shard
+    report(state, a, slow, PROGRESS, records=10)     # batches of 10
+    clock.now += 10                                  # 0.1 s per record
+    report(state, a, slow)
+    b = state.get_shard("train", slow).shard         # prefetched: not reported on yet
+    for _ in range(2):
+        c = state.get_shard("train", fast).shard
+        clock.now += 1
+        report(state, c, fast)
+    stolen = state.get_shard("train", fast)
+    assert stolen.status == SHARD
+    assert (stolen.shard.shard_id, stolen.shard.start, stolen.shard.length) == (
+        b.shard_id, b.start + 10, 90)                # its first batch stays with slow
+    with pytest.raises(LeaseNotHeld):
+        report(state, b, slow, PROGRESS, records=10)
+    report(state, stolen.shard, fast)
+    p = progress(state)
+    assert p.finished and p.records_done_total == 400 and p.stolen_leases == 1
+
+
+def test_tail_stealing_judges_a_holder_by_its_pace_on_the_lease():
+    """A worker that never finished a lease (slow from the start, one long shard) is
+    judged by its pace on the lease it holds."""
+    clock = Clock()
+    state = ShardState(LeaseConfig(), clock=clock)
+    state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=300,
+                                       tail_stealing=True))
+    slow, fast = W(0), W(1)
+    held = state.get_shard("train", slow).shard
+    for i in range(2):
+        c = state.get_shard("train", fast).shard
+        clock.now += 1                               # 0.01 s per record
+        report(state, c, fast)
+        if i == 0:
+            report(state, held, slow, PROGRESS, records=10)   # 0.1 s per record
+    stolen = state.get_shard("train", fast)
+    assert (stolen.status, stolen.shard.start) == (SHARD, held.start + 20)
+
+
+def test_tail_stealing_needs_the_holders_batch_size():
+    clock = Clock()
+    state = ShardState(LeaseConfig(), clock=clock)
+    state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=300,
+                                       tail_stealing=True))
+    slow, fast = W(0), W(1)
+    a = state.get_shard("train", slow).shard
+    clock.now += 10
+    report(state, a, slow)                           # DONE at once: batch size unknown
+    state.get_shard("train", slow)
+    c = state.get_shard("train", fast).shard
+    clock.now += 1
+    report(state, c, fast)
+    assert state.get_shard("train", fast).status == WAIT
+    assert progress(state).stolen_leases == 0
+
+
 def test_tail_stealing_leaves_leases_alone_when_it_would_not_pay():
     clock = Clock()
     state = ShardState(LeaseConfig(), clock=clock)

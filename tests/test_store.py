@@ -238,12 +238,12 @@ def test_a_steal_replays_exactly(tmp_path):
         state.report_shard(pb.ReportShardRequest(
             dataset="train", task=slow, lease_id=held.lease_id, shard_id=held.shard_id,
             outcome=PROGRESS, records_processed=k))
-    # make the slow worker look slow: its EWMA from an (earlier) slow shard
-    state._tasks["worker:0"].seconds_per_record = 1.0
+    # make the slow worker look slow: its lease was issued long ago (its pace on it)
+    state._runs["train"].doing[held.lease_id].issued_at -= 100.0
     state._tasks["worker:1"].seconds_per_record = 0.01
     rest = state.get_shard("train", fast).shard
     assert (rest.shard_id, rest.start) == (held.shard_id, held.start + 30)
-    # (the poked speeds above are not journaled: compare the datasets, not the tasks)
+    # (the poked times above are not journaled: compare the datasets, not the tasks)
     datasets = lambda st: st.snapshot(with_tasks=False).SerializeToString(  # noqa: E731
         deterministic=True)
     before = datasets(state)

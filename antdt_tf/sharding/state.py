@@ -198,7 +198,8 @@ class _Run:
 
 class _Task:
     __slots__ = ("key", "type", "index", "incarnation", "dead", "shards_done", "records_done",
-                 "failures", "seconds_per_record", "leases", "recent_done", "last_request")
+                 "failures", "seconds_per_record", "leases", "recent_done", "last_request",
+                 "batch_records")
 
     def __init__(self, task: pb.TaskId):
         self.key = f"{task.type}:{task.index}"
@@ -213,6 +214,7 @@ class _Task:
         self.leases: set[int] = set()
         self.recent_done: collections.deque[int] = collections.deque(maxlen=_RECENT_DONE)
         self.last_request: dict[str, tuple[int, int]] = {}  # dataset -> (request_id, lease)
+        self.batch_records = 0        # records of its latest PROGRESS report: its batch size
 
     def task_id(self) -> pb.TaskId:
         return pb.TaskId(type=self.type, index=self.index, incarnation=self.incarnation)
@@ -363,11 +365,11 @@ class ShardState:
             return pb.GetShardResponse(status=_END)
         nxt = run.next_for(task)
         if nxt is None and run.spec.tail_stealing:
-            victim = self._steal_candidate(run, t)
+            victim, in_flight = self._steal_candidate(run, t)
             if victim is not None:
                 self._commit(pb.JournalEntry(time=self._now(), settle=pb.SettleEvent(
                     dataset=dataset, lease_id=victim.lease_id, kind=_S_STOLEN,
-                    records_processed=victim.applied + victim.last_delta)))
+                    records_processed=victim.applied + in_flight)))
                 nxt = run.next_for(task)
         if nxt is None:
             return pb.GetShardResponse(status=_WAIT,
@@ -627,7 +629,10 @@ class ShardState:
         lease = run.doing[ev.lease_id]
         t = self._tasks[lease.task_key]
         if ev.kind == _S_PROGRESS:
-            lease.last_delta = max(lease.last_delta, ev.records_processed - lease.applied)
+            delta = ev.records_processed - lease.applied
+            if delta > 0:
+                t.batch_records = delta
+            lease.last_delta = max(lease.last_delta, delta)
             self._count_applied(run, t, lease, ev.records_processed)
             lease.lease_seconds = ev.lease_seconds
             lease.deadline = now + ev.lease_seconds
@@ -656,25 +661,38 @@ class ShardState:
         self._maybe_next_epoch(run)
         return lease
 
-    def _steal_candidate(self, run: _Run, thief: _Task) -> Optional[_Lease]:
+    def _steal_candidate(self, run: _Run, thief: _Task) -> tuple[Optional[_Lease], int]:
         """The lease whose rest the idle ``thief`` would finish soonest relative to its
-        holder: at least two batches left after the one being trained, and a holder
-        that would need 1.5 times longer than the thief."""
-        best, best_gain = None, 0.0
+        holder, and the records the holder may be training in it now (one batch after its
+        last report: a worker trains and reports one batch at a time). A lease not reported
+        on yet (prefetched, or its first batch in training) counts the holder's batch size
+        from its other leases as in flight. At least two batches must be left after that,
+        and the holder must need 1.5 times longer than the thief. The holder's speed is its
+        pace on this lease once it reported on it (a worker that slowed down mid-lease, or
+        has not finished a lease yet, is judged by what it does now), else its past pace."""
+        best, best_gain, best_in_flight = None, 0.0, 0
+        now = self._now()
         thief_spr = thief.seconds_per_record or run.seconds_per_record
         for lease in run.doing.values():
-            if lease.task_key == thief.key or lease.last_delta <= 0:
+            if lease.task_key == thief.key:
                 continue
-            rest = lease.length - lease.applied - lease.last_delta
-            if rest < _STEAL_MIN_BATCHES * lease.last_delta:
+            holder = self._tasks[lease.task_key]
+            in_flight = lease.last_delta or (holder.batch_records if not lease.applied else 0)
+            if in_flight <= 0:
                 continue
-            holder_spr = self._tasks[lease.task_key].seconds_per_record or run.seconds_per_record
+            rest = lease.length - lease.applied - in_flight
+            if rest < _STEAL_MIN_BATCHES * in_flight:
+                continue
+            if lease.applied and now > lease.issued_at:
+                holder_spr = (now - lease.issued_at) / lease.applied
+            else:
+                holder_spr = holder.seconds_per_record or run.seconds_per_record
             if thief_spr <= 0 or holder_spr < _STEAL_SPEEDUP * thief_spr:
                 continue
             gain = rest * (holder_spr - thief_spr)
             if gain > best_gain:
-                best, best_gain = lease, gain
-        return best
+                best, best_gain, best_in_flight = lease, gain, in_flight
+        return best, best_in_flight
 
     def _count_applied(self, run: _Run, t: _Task, lease: _Lease, applied: int) -> None:
         """Counts the records trained since the last report exactly once."""
