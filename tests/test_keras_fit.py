@@ -7,12 +7,8 @@ import signal
 
 import pytest
 
-from antdt_tf.data import criteo, records
-from antdt_tf.sharding.client import ShardingClient
-from antdt_tf.sharding.plan import DataFile, DatasetSpec
-from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
-from antdt_tf.sharding.state import ShardState
-from antdt_tf.tf.local_cluster import LocalCluster, run_local_job
+from antdt_tf.tf.local_cluster import run_local_job
+from jobs import local_pss_job
 
 pytestmark = pytest.mark.slow
 KERAS = "antdt_tf.tf.keras_trainer"
@@ -21,18 +17,8 @@ N, EVAL = 24_576, 4_000
 
 @contextlib.contextmanager
 def keras_job(tmp_path):
-    data, held_out = tmp_path / "train.adtr", tmp_path / "eval.adtr"
-    batches = list(criteo.generate(criteo.SyntheticSpec(N + EVAL, seed=2)))
-    records.write_records(data, [criteo.Batch(b.label[:N], b.dense[:N], b.sparse[:N])
-                                 for b in batches])
-    records.write_records(held_out, [criteo.Batch(b.label[N:], b.dense[N:], b.sparse[N:])
-                                     for b in batches])
-    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
-            LocalCluster(num_ps=1, num_workers=2, log_dir=tmp_path) as cluster, \
-            ShardingClient(master.address) as admin:
-        admin.register_dataset(DatasetSpec("train", records_per_shard=1024,
-                                           files=(DataFile(str(data), N),)))
-        yield master, cluster, admin, [f"--eval_data={held_out}"]
+    with local_pss_job(tmp_path, N, EVAL, seed=2) as (master, cluster, admin, flags):
+        yield master, cluster, admin, flags
 
 
 def test_fit_applies_every_record_once_and_learns(tmp_path):

@@ -43,7 +43,8 @@ import tensorflow as tf
 from antdt_tf import errors
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.client import Task
-from antdt_tf.tf.pull import DEFAULT_TIMEOUT_MS, PullResult, _call, _client, pull_dataset
+from antdt_tf.tf.pull import (DEFAULT_TIMEOUT_MS, PullResult, WorkerCounters, _call,
+                               _client, pull_dataset)
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 RECORDS, LEASE, SHARD, EPOCH, APPLIED, LENGTH, WORKER, INCARNATION = range(8)
 
 
-class SyncRoundTrainer:
+class SyncRoundTrainer(WorkerCounters):
     """Trains in BSP rounds (see the module docstring); the same interface as
     :class:`antdt_tf.tf.pull.PullTrainer` (``train()``, ``counters``, ``on_checkpoint``).
 
@@ -81,10 +82,9 @@ class SyncRoundTrainer:
         self.batch_sizes_seen: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         rows = self.capacity * model.ids_per_record
         slots = max(num_workers, worker_slots)
-        zeros = lambda shape, dtype=tf.float32: tf.zeros(shape, dtype)  # noqa: E731
         with strategy.scope():
             def staged(name, shape, dtype=tf.float32):
-                return [tf.Variable(zeros(shape, dtype), trainable=False,
+                return [tf.Variable(tf.zeros(shape, dtype), trainable=False,
                                     name=f"antdt_bsp_{name}_{k}") for k in range(num_workers)]
 
             self._ids = staged("ids", [rows], tf.int64)
@@ -93,15 +93,11 @@ class SyncRoundTrainer:
             self._dense = [staged(f"dense_{i}", v.shape.as_list(), v.dtype)
                            for i, v in enumerate(model.dense_variables)]
             self._record_ids = staged("record_ids", [self.capacity], tf.int64)
-            self._info = tf.Variable(zeros([num_workers, 8], tf.int64), trainable=False,
+            self._info = tf.Variable(tf.zeros([num_workers, 8], tf.int64), trainable=False,
                                      name="antdt_bsp_info")
             self._refused = tf.Variable(tf.fill([slots], tf.constant(-1, tf.int64)),
                                         trainable=False, name="antdt_bsp_refused_lease")
-            self._worker_counts = tf.Variable(zeros([slots, 2], tf.int64), trainable=False,
-                                              name="antdt_worker_counts")
-            self._worker_last_step = tf.Variable(zeros([slots], tf.float64), trainable=False,
-                                                 name="antdt_worker_last_step")
-        self.counters = tf.train.Checkpoint(worker_counts=self._worker_counts)
+            self._create_worker_counters(slots)
         self._stage = tf.function(self._stage_fn)
         self._apply = tf.function(self._apply_fn)
 
@@ -222,10 +218,6 @@ class SyncRoundTrainer:
                 self._refused.scatter_update(tf.IndexedSlices(
                     tf.constant([lease], tf.int64), tf.constant([worker], tf.int64)))
 
-    def worker_counts(self) -> tuple[list[int], list[int]]:
-        counts = self._worker_counts.numpy()
-        return counts[:, 1].tolist(), counts[:, 0].tolist()
-
     def train(self) -> PullResult:
         master, dataset, batch_size = self.master, self.dataset, self.batch_size
         per_worker = self.coordinator.create_per_worker_dataset(
@@ -250,10 +242,4 @@ class SyncRoundTrainer:
                     and now - last_ckpt >= self.checkpoint_every_seconds):
                 self.on_checkpoint()           # between rounds: nothing in flight
                 last_ckpt = time.monotonic()
-        shards, records = self.worker_counts()
-        if self.on_progress is not None:
-            self.on_progress(shards, records)
-        p = self.progress_fn()
-        return PullResult(int(p.records_done_total), int(sum(shards)),
-                          time.monotonic() - t0, shards, records,
-                          self._worker_last_step.numpy().tolist())
+        return self._result(t0)

@@ -216,7 +216,37 @@ class PullResult:
     last_step_unix: list[float] = dataclasses.field(default_factory=list)
 
 
-class PullTrainer:
+class WorkerCounters:
+    """Per-worker counters on the PS that a trainer's steps update and its report reads:
+    [records trained, shards finished] and when each worker finished its latest step
+    (its clock: busy time per worker). Sized for every worker slot the job may scale to,
+    so a checkpoint restores into a chief with more or fewer workers."""
+
+    def _create_worker_counters(self, slots: int) -> None:
+        # one PS update per step (per closure would lose a killed closure's steps)
+        self._worker_counts = tf.Variable(tf.zeros([slots, 2], tf.int64),
+                                          trainable=False, name="antdt_worker_counts")
+        self._worker_last_step = tf.Variable(tf.zeros([slots], tf.float64),
+                                             trainable=False, name="antdt_worker_last_step")
+        self.counters = tf.train.Checkpoint(worker_counts=self._worker_counts)
+
+    def worker_counts(self) -> tuple[list[int], list[int]]:
+        """(shards, records) per worker slot."""
+        counts = self._worker_counts.numpy()
+        return counts[:, 1].tolist(), counts[:, 0].tolist()
+
+    def _result(self, t0: float) -> PullResult:
+        """The final progress callback and the result, from the master's count."""
+        shards, records = self.worker_counts()
+        if self.on_progress is not None:
+            self.on_progress(shards, records)
+        p = self.progress_fn()
+        return PullResult(int(p.records_done_total), int(sum(shards)),
+                          time.monotonic() - t0, shards, records,
+                          self._worker_last_step.numpy().tolist())
+
+
+class PullTrainer(WorkerCounters):
     """Custom training loop over ``ClusterCoordinator`` with worker-side pulling.
 
     Schedules closures of up to ``steps_per_closure`` steps on every worker's pulled
@@ -248,22 +278,13 @@ class PullTrainer:
         self.on_progress = on_progress
         self.progress_seconds = progress_seconds
         self._step_fn = step_fn
-        # per-worker counters are sized for every worker slot the job may scale to, so a
-        # checkpoint restores into a chief with more or fewer workers
         slots = max(num_workers, worker_slots)
         with strategy.scope():
-            # per worker: [records trained, shards finished], updated with every step
-            # (one PS update per step; per closure would lose a killed closure's steps)
-            self._worker_counts = tf.Variable(tf.zeros([slots, 2], tf.int64),
-                                              trainable=False, name="antdt_worker_counts")
-            # when each worker finished its latest step (its clock): busy time per worker
-            self._worker_last_step = tf.Variable(tf.zeros([slots], tf.float64),
-                                                 trainable=False, name="antdt_worker_last_step")
+            self._create_worker_counters(slots)
             # per worker: a lease the master refused a report for (its rest was taken
             # over by tail stealing, or it expired): its further batches are skipped
             self._refused_lease = tf.Variable(tf.fill([slots], tf.constant(-1, tf.int64)),
                                               trainable=False, name="antdt_refused_lease")
-        self.counters = tf.train.Checkpoint(worker_counts=self._worker_counts)
         self._train = tf.function(self._train_fn)
 
     def _train_fn(self, iterator):
@@ -305,10 +326,6 @@ class PullTrainer:
             self._worker_last_step.scatter_update(tf.IndexedSlices(
                 tf.reshape(tf.timestamp(), [1]), worker))
         # no return value: fetching remote tensors from several threads crashed TF
-
-    def worker_counts(self) -> tuple[list[int], list[int]]:
-        counts = self._worker_counts.numpy()
-        return counts[:, 1].tolist(), counts[:, 0].tolist()
 
     def train(self) -> PullResult:
         master, dataset, batch_size = self.master, self.dataset, self.batch_size
@@ -352,10 +369,4 @@ class PullTrainer:
         self.coordinator.join()
         if errors:
             raise errors[0]
-        shards, records = self.worker_counts()
-        if self.on_progress is not None:
-            self.on_progress(shards, records)
-        p = self.progress_fn()
-        return PullResult(int(p.records_done_total), int(sum(shards)),
-                          time.monotonic() - t0, shards, records,
-                          self._worker_last_step.numpy().tolist())
+        return self._result(t0)
