@@ -13,6 +13,14 @@ import tensorflow as tf
 from antdt_tf.data.criteo import NUM_DENSE, NUM_SPARSE
 
 
+def hash_ids(sparse, buckets: int):
+    """Bucket of every categorical id (per-feature offsets; missing -> bucket 0). Shared
+    by every DeepFM variant (TF2, Keras, TF1 graph), so one data file trains each alike."""
+    ids = tf.where(sparse < 0, tf.zeros_like(sparse), sparse + 1)
+    offset = tf.range(NUM_SPARSE, dtype=tf.int64)[None, :] * 1_000_003
+    return tf.math.floormod(ids * 31 + offset, buckets)
+
+
 class DeepFM(tf.Module):
     """First-order + FM second-order terms over hashed ids, plus a dense tower."""
 
@@ -33,9 +41,7 @@ class DeepFM(tf.Module):
                                     trainable=False) if audit_records else None)
 
     def _hash(self, sparse):
-        ids = tf.where(sparse < 0, tf.zeros_like(sparse), sparse + 1)  # missing -> bucket 0
-        offset = tf.range(NUM_SPARSE, dtype=tf.int64)[None, :] * 1_000_003
-        return tf.math.floormod(ids * 31 + offset, self.buckets)
+        return hash_ids(sparse, self.buckets)
 
     def logits(self, batch, emb, lin):
         dense = tf.math.log1p(tf.maximum(batch["dense"], 0.0))

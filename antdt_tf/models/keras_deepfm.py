@@ -12,6 +12,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from antdt_tf.data.criteo import NUM_DENSE, NUM_SPARSE
+from antdt_tf.models.deepfm import hash_ids
 
 
 def build_keras_deepfm(buckets: int = 1 << 16, dim: int = 8, hidden: int = 64,
@@ -19,12 +20,7 @@ def build_keras_deepfm(buckets: int = 1 << 16, dim: int = 8, hidden: int = 64,
     dense_in = keras.Input((NUM_DENSE,), name="dense")
     sparse_in = keras.Input((NUM_SPARSE,), dtype="int64", name="sparse")
 
-    def hash_ids(sparse):
-        ids = tf.where(sparse < 0, tf.zeros_like(sparse), sparse + 1)  # missing -> bucket 0
-        offset = tf.range(NUM_SPARSE, dtype=tf.int64)[None, :] * 1_000_003
-        return tf.math.floormod(ids * 31 + offset, buckets)
-
-    ids = keras.layers.Lambda(hash_ids, name="hash")(sparse_in)
+    ids = keras.layers.Lambda(lambda s: hash_ids(s, buckets), name="hash")(sparse_in)
     init = keras.initializers.RandomNormal(stddev=0.01, seed=seed)
     emb = keras.layers.Embedding(buckets, dim, embeddings_initializer=init, name="embedding")(ids)
     lin = keras.layers.Embedding(buckets, 1, embeddings_initializer="zeros", name="linear")(ids)

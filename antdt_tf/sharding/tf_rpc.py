@@ -45,7 +45,8 @@ import time
 
 import grpc
 
-from antdt_tf.errors import AntdtError, InvalidRequest, LeaseNotHeld, StaleIncarnation
+from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, InvalidRequest, LeaseNotHeld,
+                             StaleIncarnation)
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.proto import tf_rpc_pb2 as tpb
 
@@ -235,6 +236,8 @@ class TfRpcServicer:
                 result = await result
             return result
         except AntdtError as e:
+            # the error's type for Python clients (TfRpcClient); TF's ops see the status
+            context.set_trailing_metadata(((ERROR_METADATA_KEY, type(e).__name__),))
             await context.abort(status_of(e), f"{req.method}: {e}")
 
     async def List(self, raw: bytes, context) -> tpb.TfListResponse:

@@ -1,0 +1,179 @@
+"""ShardFeed: one TF1 worker's data from the master, and the hooks that report it.
+
+In TF1 between-graph replication (``MonitoredTrainingSession``, ``tf.estimator``) every
+worker process builds its own graph and runs its own input pipeline. ShardFeed's input
+is the TF2 path's :func:`antdt_tf.tf.pull.pull_dataset`: TF's RPC ops ask the master
+for leases inside ``tf.data`` and TF ops read the records with the O(1) seek; only
+lease descriptors cross the wire, never records. (``Dataset.from_generator`` is no
+alternative in a distributed session: TF pins its ``PyFunc`` to ``/job:localhost``,
+which no task of a cluster is — "Cannot assign a device for operation PyFunc".)
+
+After each step, :class:`~antdt_tf.estimator.hooks.ShardReportHook` reports from
+Python what the step trained. When the master refuses a report (the lease was taken
+over by tail stealing, expired, or rolled back by a restore), the hook sets a variable
+on the worker that the pipeline's last stage filters on: the next batch already skips
+that lease. There is no read-ahead after that stage, so at most the one batch in
+flight was trained after the lease stopped being this worker's (and the master counted
+it: a steal settles one batch ahead).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Callable, Optional
+
+from antdt_tf.sharding.tf_rpc_client import TfRpcClient
+
+log = logging.getLogger(__name__)
+
+META_COLLECTION = "antdt_lease_meta"
+
+
+def _task_from_tf_config() -> tuple[str, int]:
+    config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+    task = config.get("task", {})
+    return task.get("type", ""), int(task.get("index", 0))
+
+
+class ShardFeed:
+    """Everything a TF1 worker adds to train from the master's shards::
+
+        feed = ShardFeed(master="127.0.0.1:7000", dataset="train", batch_size=256)
+        estimator.train(feed.input_fn, hooks=feed.hooks(),
+                        saving_listeners=feed.saving_listeners())
+
+    ``worker``: this worker's index in the master's worker numbering (default: from
+    ``TF_CONFIG``: ``chief`` is worker 0 and ``worker:i`` is ``i + 1`` when the cluster
+    has a chief job, else ``worker:i`` is ``i``). ``parse(batch) -> (features, labels)``
+    turns a decoded batch (``label``, ``dense``, ``sparse``, ``record_id``) into what the
+    model function takes (default: ``(batch without label, label)``).
+
+    ``is_chief``: whether this worker writes checkpoints (default: worker 0).
+    ``worker_device``: where the input pipeline's state lives (default: the device scope
+    in effect; under ``replica_device_setter`` pass this worker's device, e.g.
+    ``/job:worker/task:1``, else the pipeline's variable would go to a PS).
+    ``worker_wait_seconds``: how long a non-chief worker waits between checks for the
+    chief's session (TF's ``SessionManager`` waits 30 s; there is no public knob, so the
+    default of this process's ``SessionManager`` is lowered; ``None`` leaves it alone).
+    """
+
+    def __init__(self, master: str, dataset: str, batch_size: int, worker: Optional[int] = None,
+                 parse: Optional[Callable] = None, worker_wait_seconds: Optional[float] = 0.5,
+                 is_chief: Optional[bool] = None, worker_device: Optional[str] = None):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        if worker is None:
+            job, index = _task_from_tf_config()
+            if job == "chief":
+                worker = 0
+            elif job == "worker":
+                has_chief = "chief" in json.loads(os.environ["TF_CONFIG"]).get("cluster", {})
+                worker = index + 1 if has_chief else index
+            else:
+                raise ValueError("ShardFeed needs worker=<index> (or TF_CONFIG naming a chief "
+                                 f"or worker task, got {job!r})")
+        self.master, self.dataset, self.batch_size = master, dataset, batch_size
+        self.worker = worker
+        self.parse = parse
+        self.client = TfRpcClient(master, dataset, worker)
+        self.worker_device = worker_device
+        self.refused_lease = None       # set by dataset_fn
+        self.is_chief = worker == 0 if is_chief is None else is_chief
+        self.state_saver = None         # the chief's ShardingStateSaver
+        if worker_wait_seconds is not None:
+            shorten_session_wait(worker_wait_seconds)
+
+    # ------------------------------------------------------------------ input
+
+    def dataset_fn(self):
+        """The ``tf.data.Dataset`` of this worker's batches: dicts of the decoded
+        features, ``record_id`` and ``antdt`` (lease metadata for the report hook)."""
+        import tensorflow as tf
+
+        from antdt_tf.tf.pull import pull_dataset
+
+        with tf.compat.v1.device(self.worker_device):
+            # the lease whose report the master refused: its other batches are skipped
+            self.refused_lease = tf.compat.v1.get_local_variable(
+                f"antdt_refused_lease_{self.worker}", initializer=tf.constant(-1, tf.int64),
+                use_resource=True)
+        ds = pull_dataset(self.master, self.dataset, self.batch_size, worker=self.worker)
+        refused = self.refused_lease
+        return ds.filter(lambda b: tf.not_equal(b["antdt"]["lease"][0], refused.read_value()))
+
+    def input_fn(self, *args, **kwargs):
+        """An Estimator ``input_fn`` (also callable directly in a TF1 graph): the next
+        batch's ``(features, labels)`` tensors. The lease metadata goes to a graph
+        collection, where :class:`ShardReportHook` finds it."""
+        import tensorflow as tf
+
+        iterator = tf.compat.v1.data.make_initializable_iterator(self.dataset_fn())
+        # run by every session's default local init (Scaffold: tables_initializer)
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS,
+                                       iterator.initializer)
+        batch = iterator.get_next()
+        meta = batch.pop("antdt")
+        n = tf.shape(meta["lease"], out_type=tf.int64)[0]
+        for t in (meta["lease"][0], meta["shard"][0], meta["epoch"][0], meta["applied"][-1], n,
+                  meta["incarnation"]):
+            tf.compat.v1.add_to_collection(META_COLLECTION, t)
+        if self.parse is not None:
+            return self.parse(batch)
+        label = batch.pop("label")
+        return batch, label
+
+    # ------------------------------------------------------------------ hooks
+
+    def hooks(self) -> list:
+        """Every worker's hooks: the report hook, and on the chief the hook that gives a
+        restored checkpoint's sharding state back to the master."""
+        from antdt_tf.estimator.hooks import RestoreShardingStateHook, ShardReportHook
+
+        hooks = [ShardReportHook(self)]
+        if self.is_chief:
+            hooks.append(RestoreShardingStateHook(self._state_saver()))
+        return hooks
+
+    def _state_saver(self):
+        from antdt_tf.estimator.hooks import ShardingStateSaver
+
+        if self.state_saver is None:
+            self.state_saver = ShardingStateSaver(self)
+        return self.state_saver
+
+    def saving_listeners(self) -> list:
+        """The chief's checkpoint listener: the sharding state goes into every checkpoint
+        (``Estimator.train(saving_listeners=...)``; with ``MonitoredTrainingSession``
+        use :meth:`chief_hooks`). Empty on other workers (they do not save)."""
+        return [self._state_saver()] if self.is_chief else []
+
+    def chief_hooks(self, checkpoint_dir: str, save_secs: Optional[float] = None,
+                    save_steps: Optional[int] = None) -> list:
+        """For ``MonitoredTrainingSession(chief_only_hooks=..., checkpoint_dir=...,
+        save_checkpoint_secs=None, save_checkpoint_steps=None)``: a checkpoint saver
+        hook whose checkpoints carry the sharding state."""
+        import tensorflow as tf
+
+        return [tf.compat.v1.train.CheckpointSaverHook(
+            checkpoint_dir, save_secs=save_secs, save_steps=save_steps,
+            listeners=[self._state_saver()])]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def shorten_session_wait(seconds: float) -> None:
+    """Lowers TF's ``SessionManager`` default ``recovery_wait_secs`` (30 s) in this
+    process: a non-chief worker then checks every ``seconds`` whether the chief has
+    initialized the model, instead of sleeping 30 s after its first look."""
+    from tensorflow.python.training import session_manager
+
+    init = session_manager.SessionManager.__init__
+    names = init.__code__.co_varnames[1:init.__code__.co_argcount]
+    defaults = list(init.__defaults__)
+    first = len(names) - len(defaults)
+    k = names.index("recovery_wait_secs") - first
+    defaults[k] = seconds
+    init.__defaults__ = tuple(defaults)
