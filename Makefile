@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.antdt-installed
+# the pinned stub generator (grpcio-tools 1.62.3 needs protobuf < 5: its own venv)
+PROTOC_VENV := .venv-protoc
+PROTOC_STAMP := $(PROTOC_VENV)/.installed
 
-.PHONY: install test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-scenarios bench-peer protos bazel-test clean
+.PHONY: install protoc-venv test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-scenarios bench-peer protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +20,15 @@ $(STAMP): setup.py
 
 install: $(STAMP)
 
+$(PROTOC_STAMP):
+	test -x $(PROTOC_VENV)/bin/python || $(PYTHON) -m venv $(PROTOC_VENV)
+	$(PROTOC_VENV)/bin/python -m pip install -q --disable-pip-version-check grpcio-tools==1.62.3
+	touch $(PROTOC_STAMP)
+
+protoc-venv: $(PROTOC_STAMP)
+
 # The whole suite, multi-process tests included.
-test: $(STAMP)
+test: $(STAMP) $(PROTOC_STAMP)
 	$(PY) -m pytest -q tests
 
 # Unit and in-process service tests only (skips the tests marked slow).
@@ -58,11 +68,11 @@ bench-peer: $(STAMP)
 bench-compare: $(STAMP)
 	$(PY) -m benchmarks.compare_pss --rounds=3 --out benchmarks/results/compare_pss.md
 
-protos: $(STAMP)
-	$(PY) tools/gen_protos.py
+protos: $(PROTOC_STAMP)
+	$(PROTOC_VENV)/bin/python tools/gen_protos.py
 
-bazel-test: $(STAMP)
+bazel-test: $(STAMP) $(PROTOC_STAMP)
 	bash tools/bazel_test.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache bazel-*
+	rm -rf $(VENV) $(PROTOC_VENV) build *.egg-info .pytest_cache bazel-*

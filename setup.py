@@ -12,9 +12,11 @@ setup(
     packages=find_packages(include=["antdt_tf", "antdt_tf.*"]),
     package_data={"antdt_tf.proto": ["*.pyi"]},
     install_requires=[
-        "grpcio>=1.85.1",
-        "grpcio-health-checking>=1.85.1",
-        "protobuf>=7.35.1",  # the generated code checks this at import
+        # the stubs come from grpcio-tools 1.62.3 (tools/gen_protos.py): they run on
+        # protobuf 4.x (TF 2.15 + Estimator) and 7.x (TF 2.21)
+        "grpcio>=1.62.3",
+        "grpcio-health-checking>=1.62.3",
+        "protobuf>=4.25",
         "absl-py>=2.1",
         "tqdm>=4.66",
         "psutil>=5.9",
@@ -34,7 +36,6 @@ setup(
             "pytest>=8",
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",
-            "grpcio-tools==1.85.1",  # pinned: tests check the checked-in stubs are in sync
         ],
         "bench": ["matplotlib>=3.8"],   # timelines of benchmarks/scenarios.py
     },

@@ -3,8 +3,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -81,7 +80,7 @@ class StopTaskRequest(_message.Message):
     task: TaskRef
     kill: bool
     grace_seconds: float
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., kill: _Optional[bool] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., kill: bool = ..., grace_seconds: _Optional[float] = ...) -> None: ...
 
 class ThrottleTaskRequest(_message.Message):
     __slots__ = ("task", "slowdown", "duration_seconds")
@@ -157,7 +156,7 @@ class ReportAck(_message.Message):
     __slots__ = ("accepted",)
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
-    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+    def __init__(self, accepted: bool = ...) -> None: ...
 
 class ClusterStatusRequest(_message.Message):
     __slots__ = ()

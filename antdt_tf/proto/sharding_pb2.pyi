@@ -3,8 +3,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -46,7 +45,7 @@ class DatasetSpec(_message.Message):
     seed: int
     static_workers: int
     tail_stealing: bool
-    def __init__(self, name: _Optional[str] = ..., num_records: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., records_per_shard: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shuffle: _Optional[bool] = ..., seed: _Optional[int] = ..., static_workers: _Optional[int] = ..., tail_stealing: _Optional[bool] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., num_records: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., records_per_shard: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shuffle: bool = ..., seed: _Optional[int] = ..., static_workers: _Optional[int] = ..., tail_stealing: bool = ...) -> None: ...
 
 class RegisterDatasetRequest(_message.Message):
     __slots__ = ("spec",)
@@ -62,7 +61,7 @@ class RegisterDatasetResponse(_message.Message):
     created: bool
     num_shards: int
     num_records: int
-    def __init__(self, created: _Optional[bool] = ..., num_shards: _Optional[int] = ..., num_records: _Optional[int] = ...) -> None: ...
+    def __init__(self, created: bool = ..., num_shards: _Optional[int] = ..., num_records: _Optional[int] = ...) -> None: ...
 
 class Shard(_message.Message):
     __slots__ = ("dataset", "shard_id", "epoch", "lease_id", "start", "length", "file", "file_start", "shard_start", "shard_length", "attempt", "lease_seconds")
@@ -154,7 +153,7 @@ class ReportShardRequest(_message.Message):
     error_message: str
     get_next: bool
     next_request_id: int
-    def __init__(self, dataset: _Optional[str] = ..., task: _Optional[_Union[TaskId, _Mapping]] = ..., lease_id: _Optional[int] = ..., shard_id: _Optional[int] = ..., epoch: _Optional[int] = ..., outcome: _Optional[_Union[ReportShardRequest.Outcome, str]] = ..., records_processed: _Optional[int] = ..., error_message: _Optional[str] = ..., get_next: _Optional[bool] = ..., next_request_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, dataset: _Optional[str] = ..., task: _Optional[_Union[TaskId, _Mapping]] = ..., lease_id: _Optional[int] = ..., shard_id: _Optional[int] = ..., epoch: _Optional[int] = ..., outcome: _Optional[_Union[ReportShardRequest.Outcome, str]] = ..., records_processed: _Optional[int] = ..., error_message: _Optional[str] = ..., get_next: bool = ..., next_request_id: _Optional[int] = ...) -> None: ...
 
 class ReportShardResponse(_message.Message):
     __slots__ = ("result", "next")
@@ -237,7 +236,7 @@ class DatasetProgress(_message.Message):
     finished_unix: float
     stolen_leases: int
     batch_sizes: _containers.ScalarMap[int, int]
-    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: _Optional[bool] = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., stolen_leases: _Optional[int] = ..., batch_sizes: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: bool = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., stolen_leases: _Optional[int] = ..., batch_sizes: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("task", "state", "shards_done", "records_done", "doing_shards", "failures", "seconds_per_record")
@@ -325,7 +324,7 @@ class TaskState(_message.Message):
     failures: int
     seconds_per_record: float
     recent_done_leases: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., dead: _Optional[bool] = ..., shards_done: _Optional[int] = ..., records_done: _Optional[int] = ..., failures: _Optional[int] = ..., seconds_per_record: _Optional[float] = ..., recent_done_leases: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., dead: bool = ..., shards_done: _Optional[int] = ..., records_done: _Optional[int] = ..., failures: _Optional[int] = ..., seconds_per_record: _Optional[float] = ..., recent_done_leases: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ShardingState(_message.Message):
     __slots__ = ("format_version", "datasets", "tasks", "next_lease_id")
@@ -484,7 +483,7 @@ class SetBatchSizesRequest(_message.Message):
     dataset: str
     batch_sizes: _containers.ScalarMap[int, int]
     replace: bool
-    def __init__(self, dataset: _Optional[str] = ..., batch_sizes: _Optional[_Mapping[int, int]] = ..., replace: _Optional[bool] = ...) -> None: ...
+    def __init__(self, dataset: _Optional[str] = ..., batch_sizes: _Optional[_Mapping[int, int]] = ..., replace: bool = ...) -> None: ...
 
 class SetBatchSizesResponse(_message.Message):
     __slots__ = ("batch_sizes",)

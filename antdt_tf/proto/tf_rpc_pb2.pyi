@@ -3,8 +3,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -38,7 +37,7 @@ class TfTensorShape(_message.Message):
     UNKNOWN_RANK_FIELD_NUMBER: _ClassVar[int]
     dim: _containers.RepeatedCompositeFieldContainer[TfTensorShape.Dim]
     unknown_rank: bool
-    def __init__(self, dim: _Optional[_Iterable[_Union[TfTensorShape.Dim, _Mapping]]] = ..., unknown_rank: _Optional[bool] = ...) -> None: ...
+    def __init__(self, dim: _Optional[_Iterable[_Union[TfTensorShape.Dim, _Mapping]]] = ..., unknown_rank: bool = ...) -> None: ...
 
 class TfTensor(_message.Message):
     __slots__ = ("dtype", "tensor_shape", "version_number", "tensor_content", "float_val", "double_val", "int_val", "string_val", "int64_val", "bool_val")
