@@ -7,7 +7,7 @@ STAMP := $(VENV)/.antdt-installed
 PROTOC_VENV := .venv-protoc
 PROTOC_STAMP := $(PROTOC_VENV)/.installed
 
-.PHONY: install protoc-venv test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-scenarios bench-peer protos bazel-test clean
+.PHONY: install protoc-venv venv-tf215 test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-scenarios bench-peer protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,23 @@ $(PROTOC_STAMP):
 
 protoc-venv: $(PROTOC_STAMP)
 
+# TF 2.15 + tensorflow-estimator (tf.estimator is gone in 2.21) for the Estimator hooks'
+# example and tests; the package runs from the source tree there (PYTHONPATH).
+TF215_VENV := .venv-tf215
+TF215_STAMP := $(TF215_VENV)/.installed
+$(TF215_STAMP): setup.py
+	test -x $(TF215_VENV)/bin/python || $(PYTHON) -m venv $(TF215_VENV)
+	$(TF215_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+		tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0 grpcio-health-checking==1.62.3 \
+		'absl-py>=2.1' 'tqdm>=4.66' 'psutil>=5.9' 'google-crc32c>=1.5' 'uvloop>=0.19' \
+		'pytest>=8' 'pytest-timeout>=2.3' 'hypothesis>=6.100'
+	touch $(TF215_STAMP)
+
+venv-tf215: $(TF215_STAMP)
+
 # The whole suite, multi-process tests included.
-test: $(STAMP) $(PROTOC_STAMP)
+test: $(STAMP) $(PROTOC_STAMP) $(TF215_STAMP)
+	PYTHONPATH=$(CURDIR) $(TF215_VENV)/bin/python -m pytest -q tests/test_estimator_tf215.py
 	$(PY) -m pytest -q tests
 
 # Unit and in-process service tests only (skips the tests marked slow).
@@ -75,4 +90,4 @@ bazel-test: $(STAMP) $(PROTOC_STAMP)
 	bash tools/bazel_test.sh
 
 clean:
-	rm -rf $(VENV) $(PROTOC_VENV) build *.egg-info .pytest_cache bazel-*
+	rm -rf $(VENV) $(PROTOC_VENV) $(TF215_VENV) build *.egg-info .pytest_cache bazel-*

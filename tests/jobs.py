@@ -51,32 +51,54 @@ def local_pss_job(tmp_path, num_records: int, eval_records: int, seed: int,
 
 
 class Tf1Job:
-    """A TF1 between-graph job as real processes: PS servers plus one training process
-    per worker (``estimator_examples.train_mts``: server + MonitoredTrainingSession),
-    each in its own process group, killed and restarted by PID. Worker 0 is the chief
-    and writes ``report.json``."""
+    """A TF1 between-graph job as real processes, each in its own process group, killed
+    and restarted by PID. Worker 0 is the chief and writes ``report.json``.
+
+    ``program="mts"``: PS servers plus one ``estimator_examples.train_mts`` process per
+    worker (server + MonitoredTrainingSession), cluster ``{ps, worker}``.
+    ``program="estimator"``: every task (chief = worker 0, ``worker:i-1`` = worker i,
+    ps) runs ``estimator_examples.train_estimator`` with its own ``TF_CONFIG``
+    (``train_and_evaluate``), cluster ``{chief, worker, ps}``."""
 
     def __init__(self, workdir, master: str, data, num_workers: int = 2, num_ps: int = 1,
-                 flags=(), python: str = sys.executable):
+                 flags=(), python: str = sys.executable, program: str = "mts"):
         from antdt_tf.tf.local_cluster import free_ports
 
         self.dir = pathlib.Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         ports = free_ports(num_ps + num_workers)
-        self.spec = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
-                     "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:]]}
+        self.program = program
+        workers = [f"127.0.0.1:{p}" for p in ports[num_ps:]]
+        self.spec = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]]}
+        if program == "mts":
+            self.spec["worker"] = workers
+        else:
+            self.spec.update(chief=workers[:1], worker=workers[1:])
+        self.num_workers = num_workers
         self.master, self.data, self.flags, self.python = master, data, list(flags), python
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
         self.env = child_env(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""))
         self.report_path = self.dir / "report.json"
 
-    def _spawn(self, key, cmd):
+    def _spawn(self, key, cmd, tf_task=None):
+        env = self.env
+        if tf_task is not None:
+            env = dict(env, TF_CONFIG=json.dumps({"cluster": self.spec, "task": {
+                "type": tf_task[0], "index": tf_task[1]}}), PYTHONPATH=str(ROOT))
         with open(self.dir / f"{key[0]}{key[1]}.log", "ab") as log:
-            self.procs[key] = subprocess.Popen(cmd, env=self.env, cwd=ROOT, stdout=log,
+            self.procs[key] = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log,
                                                stderr=subprocess.STDOUT, start_new_session=True)
         return self.procs[key]
 
+    def _estimator_cmd(self):
+        return [self.python, "-m", "estimator_examples.train_estimator", f"--master={self.master}",
+                f"--data={self.data}", f"--model_dir={self.dir / 'ckpt'}",
+                f"--report_json={self.report_path}", *self.flags]
+
     def start_worker(self, i: int) -> subprocess.Popen:
+        if self.program == "estimator":
+            task = ("chief", 0) if i == 0 else ("worker", i - 1)
+            return self._spawn(("worker", i), self._estimator_cmd(), tf_task=task)
         return self._spawn(("worker", i), [
             self.python, "-m", "estimator_examples.train_mts", f"--cluster={json.dumps(self.spec)}",
             f"--task_index={i}", f"--master={self.master}", f"--data={self.data}",
@@ -85,10 +107,13 @@ class Tf1Job:
 
     def start(self) -> "Tf1Job":
         for k in range(len(self.spec["ps"])):
-            self._spawn(("ps", k), [self.python, "-m", "antdt_tf.tf.server",
-                                    f"--cluster={json.dumps(self.spec)}", "--job=ps",
-                                    f"--index={k}"])
-        for i in range(len(self.spec["worker"])):
+            if self.program == "estimator":
+                self._spawn(("ps", k), self._estimator_cmd(), tf_task=("ps", k))
+            else:
+                self._spawn(("ps", k), [self.python, "-m", "antdt_tf.tf.server",
+                                        f"--cluster={json.dumps(self.spec)}", "--job=ps",
+                                        f"--index={k}"])
+        for i in range(self.num_workers):
             self.start_worker(i)
         return self
 
@@ -101,7 +126,7 @@ class Tf1Job:
     def wait_workers(self, timeout: float) -> dict:
         """Waits for every worker to exit 0; returns the chief's report."""
         deadline = time.monotonic() + timeout
-        for i in range(len(self.spec["worker"])):
+        for i in range(self.num_workers):
             proc = self.procs["worker", i]
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             log = (self.dir / f"worker{i}.log").read_text()[-3000:]

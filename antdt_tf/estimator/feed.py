@@ -51,9 +51,10 @@ class ShardFeed:
     model function takes (default: ``(batch without label, label)``).
 
     ``is_chief``: whether this worker writes checkpoints (default: worker 0).
-    ``worker_device``: where the input pipeline's state lives (default: the device scope
-    in effect; under ``replica_device_setter`` pass this worker's device, e.g.
-    ``/job:worker/task:1``, else the pipeline's variable would go to a PS).
+    ``worker_device``: where the input pipeline's state lives (default: this task's
+    device from ``TF_CONFIG``, else the device scope in effect; under
+    ``replica_device_setter`` without ``TF_CONFIG`` pass it, e.g. ``/job:worker/task:1``,
+    else the pipeline's variable would go to a PS).
     ``worker_wait_seconds``: how long a non-chief worker waits between checks for the
     chief's session (TF's ``SessionManager`` waits 30 s; there is no public knob, so the
     default of this process's ``SessionManager`` is lowered; ``None`` leaves it alone).
@@ -64,8 +65,10 @@ class ShardFeed:
                  is_chief: Optional[bool] = None, worker_device: Optional[str] = None):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        job, index = _task_from_tf_config()
+        if worker_device is None and job in ("chief", "worker"):
+            worker_device = f"/job:{job}/task:{index}"
         if worker is None:
-            job, index = _task_from_tf_config()
             if job == "chief":
                 worker = 0
             elif job == "worker":

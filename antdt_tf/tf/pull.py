@@ -139,7 +139,9 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     wanted = (STATUS_SHARD, STATUS_WAIT) if wait_markers else (STATUS_SHARD,)
     leases = (tf.data.Dataset.range(2 ** 62)          # sequential: one lease at a time
               .map(next_lease)
-              .take_while(lambda d: d["status"] != STATUS_END)
+              # tf.not_equal, not `!=`: tf.estimator's graphs run with Tensor equality
+              # off, where `!=` compares identities and the dataset would never end
+              .take_while(lambda d: tf.not_equal(d["status"], STATUS_END))
               .filter(lambda d: tf.reduce_any(tf.equal(d["status"], wanted))))
 
     def shard_batches(d):
