@@ -53,9 +53,15 @@ flags.DEFINE_integer("max_workers", 0, "Worker slots the job may scale out to (p
 flags.DEFINE_integer("num_hosts", 0, "Simulated hosts (one agent each); tasks are placed "
                      "round-robin. 0: one host per worker.")
 flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
-flags.DEFINE_enum("api", "custom_loop", ["custom_loop", "keras"], "How the chief trains: "
-                  "custom_loop = antdt-coordinator (ClusterCoordinator loop); keras = "
-                  "antdt-keras-trainer (tf-keras model.fit with the antdt callback).")
+flags.DEFINE_enum("api", "custom_loop", ["custom_loop", "keras", "mts", "estimator"],
+                  "How the job trains: custom_loop = antdt-coordinator (ClusterCoordinator "
+                  "loop); keras = antdt-keras-trainer (tf-keras model.fit with the antdt "
+                  "callback); TF1 between-graph, every worker a trainer (worker 0 the chief) "
+                  "with the antdt SessionRunHooks: mts = MonitoredTrainingSession on this "
+                  "TensorFlow, estimator = tf.estimator train_and_evaluate on TF 2.15 "
+                  "(--estimator_python).")
+flags.DEFINE_string("estimator_python", "", "--api=estimator: the TF 2.15 venv's Python "
+                    "(default: .venv-tf215/bin/python of this source tree; make venv-tf215).")
 flags.DEFINE_enum("mode", "async", ["async", "bsp"], "custom_loop + pull: async = every "
                   "worker applies its own steps (PSS's default); bsp = synchronous rounds, "
                   "one batch per worker applied together (stragglers then slow every "
@@ -110,6 +116,11 @@ log = logging.getLogger("antdt.launch")
 EXIT_CLUSTER_UNAVAILABLE = 75   # the coordinator's "relaunch me" (see antdt_tf.tf.coordinator)
 
 
+TF1_APIS = ("mts", "estimator")
+TF1_PROGRAM = {"mts": "antdt-mts-worker", "estimator": "antdt-estimator-task"}
+SOURCE_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
 @dataclasses.dataclass
 class JobConfig:
     num_ps: int
@@ -145,6 +156,12 @@ class JobConfig:
     min_gain_seconds: float = 2.0
     max_workers: int = 0
     mode: str = "async"
+    estimator_python: str = ""
+
+    @property
+    def tf1(self) -> bool:
+        """TF1 between-graph: every worker trains (worker 0 is the chief); no coordinator."""
+        return self.api in TF1_APIS
 
 
 def place(num_ps: int, num_workers: int, num_hosts: int) -> dict[tuple[str, int], int]:
@@ -250,7 +267,9 @@ class LocalJob:
                 self.agent_procs.append(subprocess.Popen(
                     [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=host{h}",
                      "--port=0", f"--port_file={port_file}", f"--master={self.master_address}",
-                     f"--task_log_dir={host_dir}"], stdout=out, stderr=out, stdin=subprocess.DEVNULL,
+                     f"--task_log_dir={host_dir}",
+                     f"--estimator_python={self.cfg.estimator_python}"],
+                    stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                     start_new_session=True, env=child_env()))
         deadline = time.monotonic() + 60
         for h, proc in enumerate(self.agent_procs):
@@ -274,6 +293,8 @@ class LocalJob:
                 f"--straggler_window_seconds={cfg.straggler_window_seconds}",
                 f"--straggler_slow_ratio={cfg.straggler_slow_ratio}",
                 f"--straggler_persistent_after_seconds={cfg.straggler_persistent_after_seconds}"]
+        if cfg.tf1:
+            return self._tf1_task_args(job, index)
         if job in ("ps", "worker"):   # servers know every worker slot
             return "antdt-tf-server", [f"--cluster={json.dumps(self.spec)}", f"--job={job}",
                                        f"--index={index}"]
@@ -299,11 +320,49 @@ class LocalJob:
             args.append("--audit")
         return ("antdt-keras-trainer" if cfg.api == "keras" else "antdt-coordinator"), args
 
+    def _tf1_task_args(self, job: str, index: int) -> tuple[str, list[str]]:
+        """TF1 between-graph: PS servers, and one trainer per worker (worker 0 the chief,
+        which also writes the report); the master's worker i is the launcher's."""
+        cfg = self.cfg
+        workers = self.spec["worker"][:self.active_workers]
+        if cfg.api == "mts":
+            cluster = {"ps": self.spec["ps"], "worker": workers}
+            if job == "ps":
+                return "antdt-tf-server", [f"--cluster={json.dumps(cluster)}", "--job=ps",
+                                           f"--index={index}"]
+            args = [f"--cluster={json.dumps(cluster)}", f"--task_index={index}",
+                    f"--checkpoint_dir={cfg.checkpoint_dir}"]
+        else:
+            args = [f"--model_dir={cfg.checkpoint_dir}"]
+        args += [f"--master={self.master_address}", "--dataset=train", f"--data={cfg.data}",
+                 "--noregister", f"--batch_size={cfg.batch_size}", f"--buckets={cfg.buckets}",
+                 f"--learning_rate={cfg.learning_rate}",
+                 f"--save_secs={max(1, round(cfg.checkpoint_every_seconds))}",
+                 f"--report_json={self.coordinator_report_path}"]
+        if cfg.audit:
+            args.append("--audit")
+        if cfg.eval_data and index == 0 and job == "worker":
+            args.append(f"--eval_data={cfg.eval_data}")
+        return TF1_PROGRAM[cfg.api], args
+
+    def _task_env(self, job: str, index: int) -> dict:
+        """tf.estimator reads its task from TF_CONFIG: worker 0 is its chief, worker i
+        its worker:i-1; the TF 2.15 venv runs this source tree."""
+        if self.cfg.api != "estimator" or job not in ("ps", "worker"):
+            return {}
+        workers = self.spec["worker"][:self.active_workers]
+        cluster = {"chief": workers[:1], "worker": workers[1:], "ps": self.spec["ps"]}
+        task = ({"type": "ps", "index": index} if job == "ps" else
+                {"type": "chief", "index": 0} if index == 0 else
+                {"type": "worker", "index": index - 1})
+        return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task}),
+                "PYTHONPATH": str(SOURCE_ROOT)}
+
     def start_task(self, job: str, index: int, host: Optional[int] = None,
                    extra_args: tuple[str, ...] = ()) -> None:
         program, args = self._task_args(job, index)
         agent = self.agent_of(job, index) if host is None else self.agents[host]
-        agent.start(job, index, program, args + list(extra_args))
+        agent.start(job, index, program, args + list(extra_args), env=self._task_env(job, index))
 
     def _register_dataset(self) -> None:
         from antdt_tf.sharding.client import ShardingClient
@@ -334,11 +393,16 @@ class LocalJob:
             self._register_dataset()
             for i in range(len(self.spec["ps"])):
                 self.start_task("ps", i)
+            if self.cfg.tf1:
+                self.t0 = time.monotonic()
             for i in range(self.active_workers):
                 self.start_task("worker", i)
-            self.t0 = time.monotonic()
-            self.start_task("chief", 0)
-            self._event("coordinator started")
+            if self.cfg.tf1:
+                self._event(f"{self.active_workers} TF1 trainers started (worker 0 is the chief)")
+            else:
+                self.t0 = time.monotonic()
+                self.start_task("chief", 0)
+                self._event("coordinator started")
             with ShardingClient(self.master_address, timeout=10) as admin, \
                     MonitorClient(self.master_address) as monitor:
                 self._supervise(admin, monitor)
@@ -377,15 +441,18 @@ class LocalJob:
                 if time.monotonic() - last_listed >= 0.5:
                     last_listed = time.monotonic()
                     statuses = self._statuses()
-                    chief = statuses.get(("chief", 0))
+                    chief = statuses.get(("worker", 0) if cfg.tf1 else ("chief", 0))
                     if chief is not None and chief.state != chief.RUNNING:
                         if chief.exit_code == 0 and chief.state == chief.EXITED:
                             progress.update(final=True)
-                            self._event("coordinator finished")
+                            self._event("chief finished" if cfg.tf1 else "coordinator finished")
                             return
                     for key, status in sorted(statuses.items()):
                         if key[0] == "worker" and key[1] >= self.active_workers:
                             continue    # a slot scaled away
+                        if (cfg.tf1 and key[0] == "worker" and status.exit_code == 0
+                                and status.state == status.EXITED):
+                            continue    # a TF1 trainer that finished its data
                         if status.state != status.RUNNING:
                             self._recover(key, status, statuses)
                 records = progress.update()
@@ -394,7 +461,7 @@ class LocalJob:
                 for fault in [f for f in self.pending_faults if records > f["records_before"]]:
                     fault["resumed_after_s"] = round(time.monotonic() - self.t0 - fault["t"], 2)
                     self.pending_faults.remove(fault)
-                if (self.train_t0 is not None and not progress.finished
+                if (self.train_t0 is not None and not progress.finished and not cfg.tf1
                         and time.monotonic() - last_decided >= cfg.controller_interval_seconds):
                     last_decided = time.monotonic()
                     self._control(monitor, records)
@@ -979,11 +1046,32 @@ def config_from_flags() -> JobConfig:
                                            FLAGS.max_workers) for t in FLAGS.inject)
     except InvalidRequest as e:
         raise app.UsageError(str(e)) from e
+    policy_name, estimator_python = FLAGS.policy, ""
+    if FLAGS.api in TF1_APIS:
+        # the hooks serve dynamic sharding, relaunches (kill injections, dead workers) and
+        # ADJUST_BS sizes; the Controller's TF2 actions (standby switches, PS replacement,
+        # scaling through the coordinator) have no TF1 counterpart here
+        if FLAGS["policy"].present and FLAGS.policy != "dynamic":
+            raise app.UsageError(f"--api={FLAGS.api} runs with --policy=dynamic only (the "
+                                 "Controller's actions drive the TF2 coordinator)")
+        policy_name = "dynamic"
+        for inj in injections:
+            if inj.job in ("chief", "ps") or inj.kind == "scale":
+                raise app.UsageError(f"--api={FLAGS.api}: injection {inj} is not supported "
+                                     "(kill:worker:0 kills the chief; kill:master, kill:worker "
+                                     "and slow:worker work)")
+        if FLAGS.api == "estimator":
+            estimator_python = FLAGS.estimator_python or str(
+                SOURCE_ROOT / ".venv-tf215" / "bin" / "python")
+            if not os.access(estimator_python, os.X_OK):
+                raise app.UsageError(f"--api=estimator needs TF 2.15's venv: {estimator_python} "
+                                     "not found (run: make venv-tf215, or pass "
+                                     "--estimator_python)")
     try:
         from antdt_tf.controller import load_policy
         from antdt_tf.monitor.straggler import StragglerConfig
 
-        policy = load_policy(FLAGS.policy)
+        policy = load_policy(policy_name)
         StragglerConfig(window_seconds=FLAGS.straggler_window_seconds,
                         slow_ratio=FLAGS.straggler_slow_ratio,
                         persistent_after_seconds=FLAGS.straggler_persistent_after_seconds)
@@ -1031,13 +1119,14 @@ def config_from_flags() -> JobConfig:
         checkpoint_every_shards=FLAGS.checkpoint_every_shards, audit=FLAGS.audit,
         workdir=workdir, injections=injections, timeout_seconds=FLAGS.timeout_seconds,
         max_restarts=FLAGS.max_restarts, progress=FLAGS.progress, data_seed=FLAGS.data_seed,
-        policy=FLAGS.policy, controller_interval_seconds=FLAGS.controller_interval_seconds,
+        policy=policy_name, controller_interval_seconds=FLAGS.controller_interval_seconds,
         straggler_window_seconds=FLAGS.straggler_window_seconds,
         straggler_slow_ratio=FLAGS.straggler_slow_ratio,
         straggler_persistent_after_seconds=FLAGS.straggler_persistent_after_seconds,
         relaunch_cost_seconds=FLAGS.relaunch_cost_seconds,
         replace_ps_cost_seconds=FLAGS.replace_ps_cost_seconds,
-        min_gain_seconds=FLAGS.min_gain_seconds, max_workers=FLAGS.max_workers)
+        min_gain_seconds=FLAGS.min_gain_seconds, max_workers=FLAGS.max_workers,
+        estimator_python=estimator_python)
 
 
 def main(argv):

@@ -33,6 +33,8 @@ flags.DEFINE_string("model_dir", None, "Checkpoints (model + sharding state).")
 flags.DEFINE_integer("save_secs", 2, "Seconds between checkpoints.")
 flags.DEFINE_string("eval_data", "", "Chief: held-out record file for the final AUC.")
 flags.DEFINE_string("report_json", "", "Chief: write the JSON report here.")
+flags.DEFINE_boolean("register", True, "Chief: register --data as the dataset (antdt-launch "
+                     "registers it itself and passes --noregister).")
 
 
 def model_fn(features, labels, mode, params):
@@ -69,7 +71,7 @@ def main(argv):
 
     chief = task["type"] == "chief"
     num_records = RecordFile(FLAGS.data).num_records
-    if chief:   # (every task could: registering the same spec again changes nothing)
+    if chief and FLAGS.register:   # (any task could: the same spec again changes nothing)
         with ShardingClient(FLAGS.master) as admin:
             admin.register_dataset(DatasetSpec(FLAGS.dataset, records_per_shard=FLAGS.records_per_shard,
                                                files=(DataFile(FLAGS.data, num_records),)))
@@ -115,7 +117,10 @@ def main(argv):
                       logloss=metrics.logloss(b.label, probs))
     with ShardingClient(FLAGS.master) as admin:
         p = admin.progress(FLAGS.dataset)
-        report["records_per_worker"] = {t.task.index: t.records_done for t in p.tasks}
+        per = {t.task.index: (t.shards_done, t.records_done) for t in p.tasks}
+        n = max(per, default=-1) + 1
+        report["shards_per_worker"] = [per.get(w, (0, 0))[0] for w in range(n)]
+        report["records_per_worker"] = [per.get(w, (0, 0))[1] for w in range(n)]
         report["records_done"] = p.datasets[0].records_done_total
     metrics.write_report(report, FLAGS.report_json)
     feed.close()

@@ -39,6 +39,8 @@ flags.DEFINE_string("checkpoint_dir", "", "Chief: checkpoints (model + sharding 
 flags.DEFINE_float("save_secs", 2.0, "Chief: seconds between checkpoints.")
 flags.DEFINE_string("eval_data", "", "Chief: held-out record file for the final AUC.")
 flags.DEFINE_string("report_json", "", "Chief: write the JSON report here.")
+flags.DEFINE_boolean("register", True, "Chief: register --data as the dataset (antdt-launch "
+                     "registers it itself and passes --noregister).")
 
 
 def main(argv):
@@ -68,7 +70,7 @@ def main(argv):
     audit_records = 0
     if FLAGS.audit:
         audit_records = FLAGS.audit_records or RecordFile(FLAGS.data).num_records
-    if chief and FLAGS.data:
+    if chief and FLAGS.data and FLAGS.register:
         with ShardingClient(FLAGS.master) as admin:
             admin.register_dataset(DatasetSpec(
                 FLAGS.dataset, records_per_shard=FLAGS.records_per_shard,
@@ -117,8 +119,10 @@ def main(argv):
                     FLAGS.eval_data, lambda b: s.run(prob, {dense: b.dense, sparse: b.sparse})))
         with ShardingClient(FLAGS.master) as admin:
             p = admin.progress(FLAGS.dataset)
-            report["records_per_worker"] = {t.task.index: t.records_done for t in p.tasks}
-            report["shards_per_worker"] = {t.task.index: t.shards_done for t in p.tasks}
+            per = {t.task.index: (t.shards_done, t.records_done) for t in p.tasks}
+            n = max(per, default=-1) + 1
+            report["shards_per_worker"] = [per.get(w, (0, 0))[0] for w in range(n)]
+            report["records_per_worker"] = [per.get(w, (0, 0))[1] for w in range(n)]
             report["records_done"] = p.datasets[0].records_done_total
         metrics.write_report(report, FLAGS.report_json)
     else:

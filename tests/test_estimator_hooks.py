@@ -50,7 +50,7 @@ def test_two_workers_at_different_speeds_split_the_data_and_apply_it_once(tmp_pa
         assert admin.progress("train").datasets[0].finished
     a = report["audit"]
     assert (a["applied_0"], a["applied_1"], a["applied_2plus"]) == (0, n, 0), a
-    per = {int(k): v for k, v in report["records_per_worker"].items()}
+    per = dict(enumerate(report["records_per_worker"]))
     assert per[0] + per[1] == n, per
     slowed = {w: per[w] - start[w] for w in per}     # since worker 1 was slowed
     assert slowed[0] > 1.5 * slowed[1], (start, per)  # the fast one did more

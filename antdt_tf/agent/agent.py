@@ -44,6 +44,8 @@ flags.DEFINE_string("master", "", "host:port of antdt-master to report liveness 
                     "(empty: no reports).")
 flags.DEFINE_string("task_log_dir", "", "Where task logs go (default: a temp dir).")
 flags.DEFINE_float("report_seconds", 1.0, "Liveness report interval.")
+flags.DEFINE_string("estimator_python", "", "Interpreter for tf.estimator programs (a TF 2.15 "
+                    "venv, e.g. .venv-tf215/bin/python); default: this agent's Python.")
 
 log = logging.getLogger("antdt.agent")
 SERVICE_NAME = "antdt.v1.Agent"
@@ -132,7 +134,10 @@ def main(argv):
     import tempfile
     log_dir = FLAGS.task_log_dir or tempfile.mkdtemp(prefix=f"antdt-agent-{FLAGS.host_name}-")
     reporter = None
-    supervisor = TaskSupervisor(log_dir, on_change=lambda s: reporter and reporter.wake.set())
+    if FLAGS.estimator_python and not os.access(FLAGS.estimator_python, os.X_OK):
+        raise app.UsageError(f"--estimator_python={FLAGS.estimator_python} is not an executable")
+    supervisor = TaskSupervisor(log_dir, on_change=lambda s: reporter and reporter.wake.set(),
+                                estimator_python=FLAGS.estimator_python)
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(8), options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((AgentServicer(supervisor).generic_handler(),))
     health_servicer = health.HealthServicer()

@@ -31,7 +31,13 @@ PROGRAMS = {
     "antdt-coordinator": "antdt_tf.tf.coordinator",
     "antdt-keras-trainer": "antdt_tf.tf.keras_trainer",
     "antdt-master": "antdt_tf.master",
+    # TF1 between-graph examples (antdt-launch --api=mts / --api=estimator)
+    "antdt-mts-worker": "estimator_examples.train_mts",
+    "antdt-estimator-task": "estimator_examples.train_estimator",
 }
+# Programs that run under another interpreter when the agent is given one: tf.estimator
+# needs TF 2.15 (its own venv); everything else runs on the agent's own Python.
+ESTIMATOR_PROGRAMS = ("antdt-estimator-task",)
 JOBS = ("ps", "worker", "chief", "master")
 
 
@@ -56,7 +62,9 @@ class TaskSupervisor:
     """Thread-safe. ``on_change(status)`` is called (from the polling thread) whenever a
     task exits, so exits are reported at once, not at the next periodic report."""
 
-    def __init__(self, log_dir: str | os.PathLike, on_change=None, poll_seconds: float = 0.1):
+    def __init__(self, log_dir: str | os.PathLike, on_change=None, poll_seconds: float = 0.1,
+                 estimator_python: str = ""):
+        self.estimator_python = estimator_python or sys.executable
         self.log_dir = pathlib.Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._tasks: dict[tuple[str, int], _Task] = {}
@@ -104,7 +112,9 @@ class TaskSupervisor:
                 log.write(f"\n=== start {time.strftime('%H:%M:%S')} {req.program} "
                           f"{' '.join(req.args)}\n".encode())
                 log.flush()
-                proc = subprocess.Popen([sys.executable, "-m", module, *req.args],
+                python = (self.estimator_python if req.program in ESTIMATOR_PROGRAMS
+                          else sys.executable)
+                proc = subprocess.Popen([python, "-m", module, *req.args],
                                         env=child_env(env),
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                         start_new_session=True)
