@@ -4,6 +4,9 @@ speed, a worker SIGKILL mid-shard, a chief SIGKILL + restart that restores model
 sharding state together — the audit counts every record's applications on the PS."""
 
 import json
+import pathlib
+import subprocess
+import sys
 import time
 
 import pytest
@@ -100,3 +103,38 @@ def test_a_chief_restart_restores_the_model_and_the_sharding_state_together(tmp_
     # (and their batch in flight when the master rolled back) is trained again
     assert a["applied_0"] == 0, a
     assert a["applied_2plus"] <= 8 * BATCH, a
+
+
+LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def launch_tf1(tmp_path, api, *flags):
+    report = tmp_path / "report.json"
+    out = subprocess.run([LAUNCH_BIN, f"--api={api}", "--num_ps=1", "--generate_records=60000",
+                          "--eval_records=2000", "--audit", "--noprogress",
+                          f"--workdir={tmp_path / 'job'}", f"--report_json={report}",
+                          "--timeout_seconds=240", *flags],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:] + out.stdout[-2000:]
+    return json.loads(report.read_text()), out.stdout + out.stderr
+
+
+def test_antdt_launch_runs_the_mts_example_through_a_kill_and_a_straggler(tmp_path):
+    report, out = launch_tf1(tmp_path, "mts", "--num_workers=3",
+                             "--inject=kill:worker:1@1s", "--inject=slow:worker:2:x3@0s")
+    assert report["restarts"] == {"worker:1": 1} and report["policy"] == "dynamic"
+    audit = report["audit"]
+    assert audit["applied_0"] == 0 and audit["ok"], audit     # <= 1 batch twice
+    assert sum(report["records_per_worker"]) >= report["records"]
+    assert report["auc"] > 0.6 and "chief finished" in out
+
+
+@pytest.mark.skipif(not (ROOT / ".venv-tf215" / "bin" / "python").exists(),
+                    reason="needs TF 2.15's venv: make venv-tf215")
+def test_antdt_launch_runs_the_estimator_example_on_tf215_through_a_kill(tmp_path):
+    report, out = launch_tf1(tmp_path, "estimator", "--num_workers=2",
+                             "--inject=kill:worker:1@1s")
+    assert report["restarts"] == {"worker:1": 1}
+    assert report["audit"]["applied_0"] == 0 and report["audit"]["ok"], report["audit"]
+    assert report["coordinator"]["task"] == "chief:0" and report["auc"] > 0.6

@@ -65,10 +65,13 @@ def test_placement_spreads_ps_and_workers_over_hosts():
     ("--policy=nope", "unknown policy 'nope'"),
     ("--policy=no_such_module:P", "cannot load policy"),
     ("--straggler_slow_ratio=0.5", "slow_ratio must be > 1"),
+    ("--api=mts --policy=antdt-nd", "runs with --policy=dynamic only"),
+    ("--api=mts --inject=kill:ps:0@1s", "is not supported"),
+    ("--api=estimator --estimator_python=/nonexistent/python", "needs TF 2.15's venv"),
 ])
 def test_launch_rejects_bad_flags_before_starting_anything(tmp_path, flag, message):
-    out = subprocess.run([LAUNCH_BIN, flag, f"--workdir={tmp_path}"], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run([LAUNCH_BIN, *flag.split(), f"--workdir={tmp_path}"],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert message in out.stderr
     assert not list(tmp_path.glob("host*"))   # no agent was started
