@@ -66,6 +66,41 @@ def test_two_workers_at_different_speeds_split_the_data_and_apply_it_once(tmp_pa
     assert worker1["records"] == per[1] and report["records"] == per[0]   # hooks' counts
 
 
+def test_controller_actions_reach_tf1_workers_at_step_boundaries(tmp_path):
+    """ADJUST_BS: a batch size set on the master applies from the worker's next lease.
+    Tail stealing: an idle fast worker takes the rest of the slowed worker's long lease;
+    the slowed worker's next report is refused, its pipeline skips the lease's other
+    batches (stop at a batch boundary), and every record is still applied once."""
+    from antdt_tf.agent.throttle import CpuThrottle
+    from antdt_tf.sharding.plan import DataFile, DatasetSpec
+
+    n = 131_072
+    data, _ = write_data(tmp_path, n, EVAL, seed=14)
+    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
+            ShardingClient(master.address) as admin:
+        # 4 long shards: the fast worker finishes the other three while the slowed one
+        # is still inside its first, so the master lets it take that lease's rest
+        admin.register_dataset(DatasetSpec("train", records_per_shard=32_768, tail_stealing=True,
+                                           files=(DataFile(str(data), n),)))
+        with Tf1Job(tmp_path / "job", master.address, data,
+                    flags=["--audit", "--noregister"]) as job:
+            admin.set_batch_sizes("train", {1: 128})
+            wait_until(lambda: len([t for t in admin.progress().tasks if t.records_done]) == 2,
+                       120, "both workers training")
+            with CpuThrottle(job.procs["worker", 1].pid, factor=4):
+                report = job.wait_workers(240)
+        final = admin.progress("train").datasets[0]
+    a = report["audit"]
+    assert (a["applied_0"], a["applied_1"], a["applied_2plus"]) == (0, n, 0), a
+    assert final.stolen_leases >= 1, report
+    worker1 = [json.loads(line) for line in
+               (tmp_path / "job" / "worker1.log").read_text().splitlines()
+               if line.startswith('{"worker": 1')][-1]
+    assert worker1["refused_reports"] >= 1, worker1
+    # every batch had the ADJUST_BS size (a refused batch is counted by the steal)
+    assert worker1["records"] == 128 * (worker1["steps"] - worker1["refused_reports"]), worker1
+
+
 def test_a_worker_sigkill_mid_shard_loses_nothing_and_repeats_at_most_one_batch(tmp_path):
     n = 65_536
     data, held_out = write_data(tmp_path, n, EVAL, seed=12)

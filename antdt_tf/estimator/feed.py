@@ -104,7 +104,13 @@ class ShardFeed:
                 use_resource=True)
         ds = pull_dataset(self.master, self.dataset, self.batch_size, worker=self.worker)
         refused = self.refused_lease
-        return ds.filter(lambda b: tf.not_equal(b["antdt"]["lease"][0], refused.read_value()))
+        ds = ds.filter(lambda b: tf.not_equal(b["antdt"]["lease"][0], refused.read_value()))
+        # nothing read ahead of the filter: tf.data would inject a prefetch at the end of
+        # the pipeline, and a batch prefetched before a refusal would be trained twice
+        options = tf.data.Options()
+        options.experimental_optimization.apply_default_optimizations = False
+        options.experimental_optimization.inject_prefetch = False
+        return ds.with_options(options)
 
     def input_fn(self, *args, **kwargs):
         """An Estimator ``input_fn`` (also callable directly in a TF1 graph): the next
