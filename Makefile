@@ -7,7 +7,7 @@ STAMP := $(VENV)/.antdt-installed
 PROTOC_VENV := .venv-protoc
 PROTOC_STAMP := $(PROTOC_VENV)/.installed
 
-.PHONY: install protoc-venv venv-tf215 test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-scenarios bench-peer protos bazel-test clean
+.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-scenarios bench-peer protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,21 @@ demo: $(STAMP)
 	rm -rf .demo
 	$(VENV)/bin/antdt-launch --num_ps=2 --num_workers=3 --generate_records=200000 --audit \
 		--inject=slow:worker:2:x3@0s-15s --workdir=.demo --report_json=.demo/report.json
+
+# TF1 between-graph examples through the antdt hooks (estimator_examples/): every worker
+# a trainer, worker 0 the chief; one worker killed, one slowed; audit on.
+example-mts: $(STAMP)
+	rm -rf .example-mts
+	$(VENV)/bin/antdt-launch --api=mts --num_ps=1 --num_workers=3 --generate_records=200000 \
+		--audit --inject=kill:worker:1@2s --inject=slow:worker:2:x3@0s \
+		--workdir=.example-mts --report_json=.example-mts/report.json
+
+example-estimator: $(STAMP) $(TF215_STAMP)
+	rm -rf .example-estimator
+	$(VENV)/bin/antdt-launch --api=estimator --num_ps=1 --num_workers=3 \
+		--generate_records=200000 --audit --inject=kill:worker:1@2s \
+		--inject=slow:worker:2:x3@0s --workdir=.example-estimator \
+		--report_json=.example-estimator/report.json
 
 # The sharding service alone, with simulated trainers (no TensorFlow).
 demo-sharding: $(STAMP)
