@@ -376,10 +376,11 @@ class LocalJob:
                 static_workers=(self.cfg.num_workers
                                 if getattr(self.policy, "sharding", "dynamic") == "static"
                                 else 0),
-                # only PullTrainer skips the batches of a lease whose report was refused
-                tail_stealing=(getattr(self.policy, "tail_stealing", False)
-                               and self.cfg.api == "custom_loop" and self.cfg.mode == "async"
-                               and self.cfg.data_path == "pull")))
+                # PullTrainer and the TF1 feed skip the batches of a lease whose report
+                # was refused (Keras and BSP do not)
+                tail_stealing=(getattr(self.policy, "tail_stealing", False) and (
+                    self.cfg.tf1 or (self.cfg.api == "custom_loop" and self.cfg.mode == "async"
+                                     and self.cfg.data_path == "pull")))))
 
     # ------------------------------------------------------------------ the job
 
@@ -461,7 +462,7 @@ class LocalJob:
                 for fault in [f for f in self.pending_faults if records > f["records_before"]]:
                     fault["resumed_after_s"] = round(time.monotonic() - self.t0 - fault["t"], 2)
                     self.pending_faults.remove(fault)
-                if (self.train_t0 is not None and not progress.finished and not cfg.tf1
+                if (self.train_t0 is not None and not progress.finished
                         and time.monotonic() - last_decided >= cfg.controller_interval_seconds):
                     last_decided = time.monotonic()
                     self._control(monitor, records)
@@ -507,6 +508,10 @@ class LocalJob:
         cooldown = self.cfg.straggler_window_seconds
         busy = frozenset((a["job"], a["index"]) for a in self.actions
                          if now - a.get("_done_at", now) < cooldown)
+        if self.cfg.tf1:
+            # TF1: worker 0 is the chief (moving it restarts the job from a checkpoint),
+            # and the PS have no latency probes (no coordinator): workers only
+            busy |= {("worker", 0)} | {("ps", i) for i in range(self.cfg.num_ps)}
         rate = sum(v.records_per_second for v in views if v.job == "worker")
         if all(v.samples for v in views if v.job == "worker"):
             self.best_rate = max(self.best_rate, rate)
@@ -552,8 +557,10 @@ class LocalJob:
         if isinstance(action, AdjustBatchSizes):
             self._adjust_batch_sizes(action)
             return
-        if not isinstance(action, (RelaunchWorker, ReplacePs)):
-            raise InvalidRequest(f"the launcher cannot carry out {kind}")
+        if not isinstance(action, (RelaunchWorker, ReplacePs)) or (
+                self.cfg.tf1 and not isinstance(action, RelaunchWorker)):
+            raise InvalidRequest(f"the launcher cannot carry out {kind}"
+                                 + (f" with --api={self.cfg.api}" if self.cfg.tf1 else ""))
         src, dst = self.placement[job, index], self._other_host(job, index)
         ev = self._event(f"controller ({self.policy.name}): {kind} {job}:{index} "
                          f"host{src} -> host{dst}: {action.reason}", action=kind)
@@ -1048,18 +1055,17 @@ def config_from_flags() -> JobConfig:
         raise app.UsageError(str(e)) from e
     policy_name, estimator_python = FLAGS.policy, ""
     if FLAGS.api in TF1_APIS:
-        # the hooks serve dynamic sharding, relaunches (kill injections, dead workers) and
-        # ADJUST_BS sizes; the Controller's TF2 actions (standby switches, PS replacement,
-        # scaling through the coordinator) have no TF1 counterpart here
-        if FLAGS["policy"].present and FLAGS.policy != "dynamic":
-            raise app.UsageError(f"--api={FLAGS.api} runs with --policy=dynamic only (the "
-                                 "Controller's actions drive the TF2 coordinator)")
-        policy_name = "dynamic"
+        # the hooks carry out RelaunchWorker (a non-chief worker moves to another host),
+        # tail stealing and ADJUST_BS sizes; PS replacement and scaling drive the TF2
+        # coordinator and have no TF1 counterpart here
         for inj in injections:
             if inj.job in ("chief", "ps") or inj.kind == "scale":
                 raise app.UsageError(f"--api={FLAGS.api}: injection {inj} is not supported "
                                      "(kill:worker:0 kills the chief; kill:master, kill:worker "
                                      "and slow:worker work)")
+        if FLAGS.policy == "static":
+            raise app.UsageError(f"--api={FLAGS.api}: --policy=static (static sharding) needs "
+                                 "--api=custom_loop")
         if FLAGS.api == "estimator":
             estimator_python = FLAGS.estimator_python or str(
                 SOURCE_ROOT / ".venv-tf215" / "bin" / "python")

@@ -11,9 +11,12 @@ SIGSEGV here (gRPC skips its fork handlers while other threads are in gRPC).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
+import socket
 import sys
+import time
 from typing import Mapping, Optional
 
 PARENT_ENV = "ANTDT_DIE_WITH_PARENT"
@@ -59,3 +62,34 @@ def exit_now(code: int, message: str = "", program: str = "antdt") -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def wait_until_free(address: str, timeout: float) -> None:
+    """Returns when ``host:port`` can be bound (its old owner is gone)."""
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, int(port)))
+                return
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{address} still in use after {timeout:.0f}s")
+        time.sleep(0.02)
+
+
+def stand_by(ready_file: str, address: str, timeout: float, name: str) -> None:
+    """Standby mode of a task that moves to another host: once imports are done (the
+    slow part), write ``ready_file`` and wait until the task's old process released
+    ``address``; the caller then binds it at once."""
+    import pathlib
+
+    pathlib.Path(ready_file).write_text(f"{os.getpid()}\n")
+    print(f"[{name}] standing by for {address}", flush=True)
+    wait_until_free(address, timeout)

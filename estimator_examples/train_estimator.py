@@ -33,6 +33,9 @@ flags.DEFINE_string("model_dir", None, "Checkpoints (model + sharding state).")
 flags.DEFINE_integer("save_secs", 2, "Seconds between checkpoints.")
 flags.DEFINE_string("eval_data", "", "Chief: held-out record file for the final AUC.")
 flags.DEFINE_string("report_json", "", "Chief: write the JSON report here.")
+flags.DEFINE_string("standby_file", "", "Moving to another host (antdt-launch's RelaunchWorker): "
+                    "import TensorFlow, write this file, wait until the task's address is "
+                    "free (its old process killed), then serve and train.")
 flags.DEFINE_boolean("register", True, "Chief: register --data as the dataset (antdt-launch "
                      "registers it itself and passes --noregister).")
 
@@ -69,6 +72,11 @@ def main(argv):
     from antdt_tf.sharding.client import ShardingClient
     from antdt_tf.sharding.plan import DataFile, DatasetSpec
 
+    if FLAGS.standby_file:
+        from antdt_tf.procutil import stand_by
+
+        stand_by(FLAGS.standby_file, cluster[task["type"]][task.get("index", 0)], 120,
+                 f"{task['type']}:{task.get('index', 0)}")
     chief = task["type"] == "chief"
     num_records = RecordFile(FLAGS.data).num_records
     if chief and FLAGS.register:   # (any task could: the same spec again changes nothing)

@@ -39,6 +39,9 @@ flags.DEFINE_string("checkpoint_dir", "", "Chief: checkpoints (model + sharding 
 flags.DEFINE_float("save_secs", 2.0, "Chief: seconds between checkpoints.")
 flags.DEFINE_string("eval_data", "", "Chief: held-out record file for the final AUC.")
 flags.DEFINE_string("report_json", "", "Chief: write the JSON report here.")
+flags.DEFINE_string("standby_file", "", "Moving to another host (antdt-launch's RelaunchWorker): "
+                    "import TensorFlow, write this file, wait until the task's address is "
+                    "free (its old process killed), then serve and train.")
 flags.DEFINE_boolean("register", True, "Chief: register --data as the dataset (antdt-launch "
                      "registers it itself and passes --noregister).")
 
@@ -65,6 +68,10 @@ def main(argv):
     v1 = tf.compat.v1
     i, chief = FLAGS.task_index, FLAGS.task_index == 0
     cluster = tf.train.ClusterSpec(spec)
+    if FLAGS.standby_file:
+        from antdt_tf.procutil import stand_by
+
+        stand_by(FLAGS.standby_file, spec["worker"][i], 120, f"worker:{i}")
     server = tf.distribute.Server(cluster, job_name="worker", task_index=i, start=True)
     v1.disable_eager_execution()
     audit_records = 0

@@ -65,7 +65,7 @@ def test_placement_spreads_ps_and_workers_over_hosts():
     ("--policy=nope", "unknown policy 'nope'"),
     ("--policy=no_such_module:P", "cannot load policy"),
     ("--straggler_slow_ratio=0.5", "slow_ratio must be > 1"),
-    ("--api=mts --policy=antdt-nd", "runs with --policy=dynamic only"),
+    ("--api=mts --policy=static", "needs --api=custom_loop"),
     ("--api=mts --inject=kill:ps:0@1s", "is not supported"),
     ("--api=estimator --estimator_python=/nonexistent/python", "needs TF 2.15's venv"),
 ])

@@ -12,8 +12,12 @@ What a round means (the semantics users get):
   every round. ADJUST_BS is the cure: the Controller sets each worker's batch size in
   proportion to its measured speed, keeping the global batch constant, so every worker
   finishes its part of the round at the same time (``SetBatchSizes``; a worker switches
-  at its next lease, a step boundary). Step times come from the workers' own clocks
-  (``antdt.step``), since the barrier makes every worker's rounds equally long.
+  at its next lease, a step boundary). A worker's step time (``antdt.step``) runs from
+  the round's start (the chief's clock, sent with the closure) until its batch is
+  staged (the worker's clock): what the round waits for, including the time before the
+  worker even starts the closure (a throttled or busy process) — not arrival times at
+  the master, which the barrier makes equal for every worker. (Hosts' clocks must agree
+  to a few ms, as NTP keeps them.)
 - Exactness: a batch is reported only after the chief applied it, so a worker killed
   mid-round loses nothing: its closure is re-run on another worker (with that worker's
   next batch, into the same staging slot, overwriting any partial write) and its own
@@ -103,7 +107,7 @@ class SyncRoundTrainer(WorkerCounters):
 
     # ------------------------------------------------------------ on the workers
 
-    def _stage_fn(self, iterator, k: int):
+    def _stage_fn(self, iterator, k: int, round_start):
         worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
                          tf.int64)
         rows_cap = self.capacity * self.model.ids_per_record
@@ -115,9 +119,7 @@ class SyncRoundTrainer(WorkerCounters):
         def stage(batch):
             meta, ids = batch.pop("antdt"), batch.pop("record_id")
             n = tf.shape(ids, out_type=tf.int64)[0]
-            t0 = tf.timestamp()
-            with tf.control_dependencies([t0]):
-                _, flat, rows, dense = self.model.gradients(batch)
+            _, flat, rows, dense = self.model.gradients(batch)
             check = tf.debugging.assert_less_equal(
                 n, tf.constant(self.capacity, tf.int64),
                 message=f"BSP: a batch is larger than max_batch_size={self.capacity}; "
@@ -133,7 +135,7 @@ class SyncRoundTrainer(WorkerCounters):
                 writes.append(self._record_ids[k].assign(
                     tf.pad(ids, [[0, self.capacity - n]])))
             with tf.control_dependencies(writes):
-                micros = tf.cast((tf.timestamp() - t0) * 1e6, tf.int64)
+                micros = tf.cast(tf.maximum(tf.timestamp() - round_start, 0.0) * 1e6, tf.int64)
                 incarnation = tf.reshape(meta["incarnation"], [])
                 _call(_client(self.master, self.timeout_ms, "report"), "antdt.step",
                       [tf.constant(self.dataset), worker, incarnation, n, micros],
@@ -225,8 +227,9 @@ class SyncRoundTrainer(WorkerCounters):
         iterator = iter(per_worker)
         t0 = last_ckpt = last_progress = time.monotonic()
         while not self.progress_fn().finished:
+            start = tf.constant(time.time(), tf.float64)   # a tensor: no retrace per round
             for k in range(self.num_workers):
-                self.coordinator.schedule(self._stage, args=(iterator, k))
+                self.coordinator.schedule(self._stage, args=(iterator, k, start))
             self.coordinator.join()          # the barrier: every slot staged (or empty)
             info = self._apply().numpy()
             self._report(info)

@@ -16,14 +16,11 @@ instead of after TensorFlow's start-up plus gRPC's reconnect back-off.
 
 from __future__ import annotations
 
-import errno
 import os
-import pathlib
-import socket
-import time
 
 from absl import app, flags
 
+from antdt_tf.procutil import stand_by
 from antdt_tf.tf.cluster_spec import parse_cluster_flag
 
 FLAGS = flags.FLAGS
@@ -35,26 +32,6 @@ flags.DEFINE_string("standby_file", "", "Standby mode: write this file once read
 flags.DEFINE_float("standby_seconds", 120.0, "Standby mode: give up (exit 1) after this long.")
 
 
-def wait_until_free(address: str, timeout: float) -> None:
-    """Returns when ``host:port`` can be bound (its old owner is gone)."""
-    host, port = address.rsplit(":", 1)
-    host = host.strip("[]")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    deadline = time.monotonic() + timeout
-    while True:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((host, int(port)))
-                return
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    raise
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{address} still in use after {timeout:.0f}s")
-        time.sleep(0.02)
-
-
 def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -64,11 +41,8 @@ def main(argv):
     import tensorflow as tf  # after flag checks: importing TF takes seconds
 
     if FLAGS.standby_file:
-        ready = pathlib.Path(FLAGS.standby_file)
-        ready.write_text(f"{os.getpid()}\n")
-        print(f"[{FLAGS.job}:{FLAGS.index}] standing by for {spec[FLAGS.job][FLAGS.index]}",
-              flush=True)
-        wait_until_free(spec[FLAGS.job][FLAGS.index], FLAGS.standby_seconds)
+        stand_by(FLAGS.standby_file, spec[FLAGS.job][FLAGS.index], FLAGS.standby_seconds,
+                 f"{FLAGS.job}:{FLAGS.index}")
     server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=FLAGS.job,
                                   task_index=FLAGS.index, protocol="grpc", start=True)
     print(f"[{FLAGS.job}:{FLAGS.index}] serving {server.target}", flush=True)
