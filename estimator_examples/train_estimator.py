@@ -69,7 +69,7 @@ def main(argv):
     from antdt_tf.data import metrics
     from antdt_tf.data.records import RecordFile
     from antdt_tf.estimator import ShardFeed
-    from antdt_tf.sharding.client import ShardingClient
+    from antdt_tf.sharding.client import ShardingClient, worker_split
     from antdt_tf.sharding.plan import DataFile, DatasetSpec
 
     if FLAGS.standby_file:
@@ -125,10 +125,7 @@ def main(argv):
                       logloss=metrics.logloss(b.label, probs))
     with ShardingClient(FLAGS.master) as admin:
         p = admin.progress(FLAGS.dataset)
-        per = {t.task.index: (t.shards_done, t.records_done) for t in p.tasks}
-        n = max(per, default=-1) + 1
-        report["shards_per_worker"] = [per.get(w, (0, 0))[0] for w in range(n)]
-        report["records_per_worker"] = [per.get(w, (0, 0))[1] for w in range(n)]
+        report["shards_per_worker"], report["records_per_worker"] = worker_split(p)
         report["records_done"] = p.datasets[0].records_done_total
     metrics.write_report(report, FLAGS.report_json)
     feed.close()

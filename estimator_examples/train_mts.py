@@ -61,7 +61,7 @@ def main(argv):
     from antdt_tf.data import metrics
     from antdt_tf.data.records import RecordFile
     from antdt_tf.estimator import ShardFeed
-    from antdt_tf.sharding.client import ShardingClient
+    from antdt_tf.sharding.client import ShardingClient, worker_split
     from antdt_tf.sharding.plan import DataFile, DatasetSpec
     from estimator_examples.deepfm_tf1 import audit_variable, deepfm_logits, deepfm_train_op
 
@@ -126,10 +126,7 @@ def main(argv):
                     FLAGS.eval_data, lambda b: s.run(prob, {dense: b.dense, sparse: b.sparse})))
         with ShardingClient(FLAGS.master) as admin:
             p = admin.progress(FLAGS.dataset)
-            per = {t.task.index: (t.shards_done, t.records_done) for t in p.tasks}
-            n = max(per, default=-1) + 1
-            report["shards_per_worker"] = [per.get(w, (0, 0))[0] for w in range(n)]
-            report["records_per_worker"] = [per.get(w, (0, 0))[1] for w in range(n)]
+            report["shards_per_worker"], report["records_per_worker"] = worker_split(p)
             report["records_done"] = p.datasets[0].records_done_total
         metrics.write_report(report, FLAGS.report_json)
     else:

@@ -2,6 +2,22 @@
 in-process master, and real PS/worker processes (TF2 PSS, or TF1 between-graph)."""
 
 
+def wait_until(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def train_progress(admin):
+    """The master's progress of dataset ``train``, None until it is registered (the
+    chief registers it)."""
+    try:
+        return admin.progress("train")
+    except Exception:
+        return None
+
+
 def write_data(tmp_path, num_records: int, eval_records: int, seed: int):
     """``(train, held_out)`` record files from one hidden model."""
     data, held_out = tmp_path / "train.adtr", tmp_path / "eval.adtr"

@@ -7,14 +7,13 @@ import json
 import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
 
 from antdt_tf.sharding.client import ShardingClient
 from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
 from antdt_tf.sharding.state import ShardState
-from jobs import Tf1Job, write_data
+from jobs import Tf1Job, train_progress, wait_until, write_data
 
 pytestmark = pytest.mark.slow
 EVAL = 2_000
@@ -22,17 +21,8 @@ BATCH = 256
 
 
 def done_shards(admin) -> int:
-    try:
-        return admin.progress("train").datasets[0].done_shards
-    except Exception:      # not registered yet (the chief registers it)
-        return 0
-
-
-def wait_until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    p = train_progress(admin)
+    return p.datasets[0].done_shards if p is not None else 0
 
 
 def test_two_workers_at_different_speeds_split_the_data_and_apply_it_once(tmp_path):

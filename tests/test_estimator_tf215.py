@@ -7,7 +7,6 @@ tf.estimator there); the MonitoredTrainingSession tests cover that version."""
 
 import json
 import sys
-import time
 
 import pytest
 
@@ -16,24 +15,10 @@ pytest.importorskip("tensorflow_estimator", reason="needs TF 2.15's venv: make v
 from antdt_tf.sharding.client import ShardingClient  # noqa: E402
 from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer  # noqa: E402
 from antdt_tf.sharding.state import ShardState  # noqa: E402
-from jobs import Tf1Job, write_data  # noqa: E402
+from jobs import Tf1Job, train_progress, wait_until, write_data  # noqa: E402
 
 pytestmark = pytest.mark.slow
 EVAL, BATCH = 2_000, 256
-
-
-def progress(admin):
-    try:
-        return admin.progress("train")
-    except Exception:      # not registered yet (the chief registers it)
-        return None
-
-
-def wait_until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def estimator_job(tmp_path, master, data, flags):
@@ -49,7 +34,7 @@ def test_estimator_workers_at_different_speeds_apply_every_record_once(tmp_path)
     with BackgroundMaster(ShardingServicer(ShardState())) as master, \
             ShardingClient(master.address) as admin, \
             estimator_job(tmp_path, master, data, ["--audit", f"--eval_data={held_out}"]) as job:
-        wait_until(lambda: (p := progress(admin)) is not None
+        wait_until(lambda: (p := train_progress(admin)) is not None
                    and len([t for t in p.tasks if t.records_done]) == 2, 180, "both training")
         start = {t.task.index: t.records_done for t in admin.progress("train").tasks}
         with CpuThrottle(job.procs["worker", 1].pid, factor=4):
@@ -71,7 +56,7 @@ def test_estimator_worker_sigkill_mid_shard_loses_nothing(tmp_path):
     with BackgroundMaster(ShardingServicer(ShardState())) as master, \
             ShardingClient(master.address) as admin, \
             estimator_job(tmp_path, master, data, ["--audit"]) as job:
-        wait_until(lambda: (p := progress(admin)) is not None and p.datasets[0].done_shards >= 12
+        wait_until(lambda: (p := train_progress(admin)) is not None and p.datasets[0].done_shards >= 12
                    and any(t.task.index == 1 and t.records_done for t in p.tasks), 180,
                    "12 shards, worker 1 training")
         job.kill("worker", 1)
@@ -88,7 +73,7 @@ def test_estimator_chief_restart_restores_model_and_sharding_state(tmp_path):
             ShardingClient(master.address) as admin, \
             estimator_job(tmp_path, master, data, ["--audit", "--save_secs=1"]) as job:
         ckpt = tmp_path / "job" / "ckpt"
-        wait_until(lambda: (p := progress(admin)) is not None and p.datasets[0].done_shards >= 12
+        wait_until(lambda: (p := train_progress(admin)) is not None and p.datasets[0].done_shards >= 12
                    and len(list(ckpt.glob("model.ckpt-*.index"))) >= 2, 180,
                    "12 shards and two checkpoints")
         job.kill("worker", 0)

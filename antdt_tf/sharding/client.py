@@ -202,6 +202,16 @@ class ShardingClient:
         return pull_shards(session)
 
 
+def worker_split(progress: pb.GetProgressResponse) -> tuple[list[int], list[int]]:
+    """``(shards, records)`` per worker index 0..n-1 from ``GetProgress``: what the master
+    counted from each worker's own reports (0 for an index it never heard from)."""
+    per = {t.task.index: (t.shards_done, t.records_done) for t in progress.tasks
+           if t.task.type == "worker"}
+    n = max(per, default=-1) + 1
+    return ([per.get(w, (0, 0))[0] for w in range(n)],
+            [per.get(w, (0, 0))[1] for w in range(n)])
+
+
 class _Session:
     __slots__ = ("get", "done", "give_back")
 
