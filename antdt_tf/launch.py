@@ -97,7 +97,8 @@ flags.DEFINE_integer("max_restarts", 5, "Restarts allowed per task before the jo
 flags.DEFINE_boolean("progress", True, "Show the live progress line.")
 flags.DEFINE_string("policy", "antdt-nd", "Controller policy: static (static data sharding, "
                     "no action: the baseline), dynamic (dynamic sharding only, no action), "
-                    "antdt-nd (non-dedicated clusters), antdt-dd (dedicated "
+                    "backup (dynamic sharding + speculative duplicates of slow workers' "
+                    "leases: the backup-workers baseline), antdt-nd (non-dedicated clusters), antdt-dd (dedicated "
                     "clusters), or module:Class for your own (see antdt_tf.controller.policy).")
 flags.DEFINE_float("controller_interval_seconds", 1.0, "How often the policy is asked.")
 flags.DEFINE_float("straggler_window_seconds", 10.0, "Monitor window (see antdt-master).")
@@ -162,6 +163,14 @@ class JobConfig:
     def tf1(self) -> bool:
         """TF1 between-graph: every worker trains (worker 0 is the chief); no coordinator."""
         return self.api in TF1_APIS
+
+
+def skips_refused_leases(cfg) -> bool:
+    """Whether the job's trainer stops applying a lease's batches once a report about it
+    was refused (needed for tail stealing and backup leases): PullTrainer in async mode
+    and the TF1 feed do; Keras and BSP rounds do not. ``cfg``: JobConfig or FLAGS."""
+    return cfg.api in TF1_APIS or (cfg.api == "custom_loop" and cfg.mode == "async"
+                                   and cfg.data_path == "pull")
 
 
 def place(num_ps: int, num_workers: int, num_hosts: int) -> dict[tuple[str, int], int]:
@@ -378,9 +387,10 @@ class LocalJob:
                                 else 0),
                 # PullTrainer and the TF1 feed skip the batches of a lease whose report
                 # was refused (Keras and BSP do not)
-                tail_stealing=(getattr(self.policy, "tail_stealing", False) and (
-                    self.cfg.tf1 or (self.cfg.api == "custom_loop" and self.cfg.mode == "async"
-                                     and self.cfg.data_path == "pull")))))
+                tail_stealing=(getattr(self.policy, "tail_stealing", False)
+                               and skips_refused_leases(self.cfg)),
+                backup_leases=(getattr(self.policy, "backup_leases", False)
+                               and skips_refused_leases(self.cfg))))
 
     # ------------------------------------------------------------------ the job
 
@@ -847,6 +857,7 @@ class LocalJob:
             "timeline": self.timeline,
             # lease remainders idle workers took over (tail work-stealing)
             "stolen_leases": final.stolen_leases if final is not None else 0,
+            "backup_leases": final.backup_leases if final is not None else 0,
             # what the master counted per task (its latest incarnation), from every
             # worker's own reports: exact, unlike the chief's sampled counters
             "master_records_per_task": {
@@ -862,6 +873,11 @@ class LocalJob:
             off = audit.get("applied_other", 0)
             audit["allowed_off_records"] = bound
             audit["ok"] = off <= bound
+            if final is not None and final.backup_leases:
+                # backup workers apply what both copies trained twice, by design: their
+                # contract is only that nothing is lost
+                audit["duplicates_by_design"] = True
+                audit["ok"] = audit.get("applied_0", 0) <= bound
             report["audit"] = audit
         return report
 
@@ -1004,6 +1020,9 @@ def summary_table(report: dict) -> str:
     if report.get("stolen_leases"):
         lines.append(f"tail work-stealing: {report['stolen_leases']} lease remainder(s) "
                      "taken over by idle workers")
+    if report.get("backup_leases"):
+        lines.append(f"backup workers: {report['backup_leases']} speculative duplicate(s) of "
+                     "slow workers' lease remainders (first finisher wins)")
     for ev in report["failures"]:
         resumed = ev.get("resumed_after_s")
         lines.append(f"failure at {ev['t']:.1f}s: {ev['event']}"
@@ -1024,7 +1043,10 @@ def summary_table(report: dict) -> str:
         lines.append(f"audit: applied exactly {a['expected_times']}x: {a['applied_expected']:,}, "
                      f"0x: {a['applied_0']:,}, 1x: {a['applied_1']:,}, 2+x: "
                      f"{a['applied_2plus']:,} (off: {a['applied_other']:,}, allowed "
-                     f"{a['allowed_off_records']:,}) -> {'OK' if a['ok'] else 'FAILED'}")
+                     f"{a['allowed_off_records']:,}"
+                     + ("; duplicates are the backup workers' price"
+                        if a.get("duplicates_by_design") else "")
+                     + f") -> {'OK' if a['ok'] else 'FAILED'}")
     return "\n".join(lines)
 
 
@@ -1088,6 +1110,10 @@ def config_from_flags() -> JobConfig:
             or FLAGS.data_path != "pull"):
         raise app.UsageError("--policy=static (static sharding) needs --api=custom_loop "
                              "--data_path=pull and no --max_workers")
+    if getattr(policy, "backup_leases", False) and not skips_refused_leases(FLAGS):
+        raise app.UsageError(f"--policy={FLAGS.policy} (backup workers) needs a trainer that "
+                             "stops a lease whose duplicate finished first: --api=custom_loop "
+                             "--mode=async --data_path=pull, or --api=mts|estimator")
     if FLAGS.controller_interval_seconds <= 0 or min(
             FLAGS.relaunch_cost_seconds, FLAGS.replace_ps_cost_seconds) < 0:
         raise app.UsageError("--controller_interval_seconds must be > 0 and the cost "

@@ -14,6 +14,8 @@ worker's prefetched batches are lost — and its split state is not checkpointab
 
 Roles of this module (one process each): the orchestrator (default), ``--role=peer``
 (the peer's chief), ``--role=dispatcher``, ``--role=dsworker``, ``--role=throttle``.
+``benchmarks.scenarios`` runs the peer's chief too (``--num_ps``, ``--inject=slow:...``:
+the same slowdowns as antdt-launch's agents inject, timed from the first applied step).
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ flags.DEFINE_integer("batch_size", 256, "Records per batch.")
 flags.DEFINE_integer("buckets", 1 << 16, "Embedding hash buckets.")
 flags.DEFINE_integer("chunk", 1024, "peer: records per tf.data service split.")
 flags.DEFINE_float("slow_factor", 4.0, "The straggler's slowdown (worker 0).")
+flags.DEFINE_integer("num_ps", 1, "peer: parameter servers.")
+flags.DEFINE_multi_string("inject", [], "peer: slowdowns as antdt-launch's --inject "
+                          "(slow:worker:2:x4@3s[-9s], slow:ps:0:x3@3s), from training start.")
+flags.DEFINE_float("delay", 0.0, "internal (throttle): start after this many seconds.")
+flags.DEFINE_float("duration", 0.0, "internal (throttle): stop after this many seconds "
+                   "(0: until stopped).")
 flags.DEFINE_string("out", "benchmarks/results/dataservice_peer.md", "Results table.")
 flags.DEFINE_string("workdir", "", "Scratch directory (default: a temp dir).")
 # internal (set by the orchestrator / the peer's chief)
@@ -99,8 +107,14 @@ def throttle() -> None:
 
     # its own process: a throttle thread in the chief can deadlock it (the chief holds
     # the GIL while it waits on the stopped worker, so the thread never resumes it)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    if FLAGS.delay > 0 and signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, FLAGS.delay):
+        return
     t = CpuThrottle(FLAGS.pid, FLAGS.slow_factor).start()
-    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    if FLAGS.duration > 0:
+        signal.sigtimedwait({signal.SIGTERM, signal.SIGINT}, FLAGS.duration)
+    else:
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
     t.stop()
 
 
@@ -123,7 +137,7 @@ def run_peer() -> None:
     procs = [_child(["--role=dispatcher", f"--port={dport}"], work / "dispatcher.log")]
     procs += [_child(["--role=dsworker", f"--port={p}", f"--dispatcher_port={dport}"],
                      work / f"dsworker{i}.log") for i, p in enumerate(wports)]
-    cluster = LocalCluster(num_ps=1, num_workers=3, log_dir=work).start()
+    cluster = LocalCluster(num_ps=FLAGS.num_ps, num_workers=3, log_dir=work).start()
     try:
         strategy = make_strategy(cluster.spec)
         coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
@@ -163,10 +177,18 @@ def run_peer() -> None:
                 last.assign(tf.maximum(last.read_value(), tf.timestamp()))
             return worker, ended
 
-        throttler = None
-        if FLAGS.slow_factor > 1:
-            throttler = _child(["--role=throttle", f"--pid={cluster.procs['worker', 0].pid}",
-                                f"--slow_factor={FLAGS.slow_factor}"], work / "throttle.log")
+        throttlers = []
+        if FLAGS.slow_factor > 1 and not FLAGS.inject:
+            throttlers.append(_child(["--role=throttle",
+                                      f"--pid={cluster.procs['worker', 0].pid}",
+                                      f"--slow_factor={FLAGS.slow_factor}"],
+                                     work / "throttle.log"))
+        for inj in slowdowns(FLAGS.inject, FLAGS.num_ps):
+            throttlers.append(_child([
+                "--role=throttle", f"--pid={cluster.procs[inj.job, inj.index].pid}",
+                f"--slow_factor={inj.factor}", f"--delay={inj.at}",
+                f"--duration={(inj.until - inj.at) if inj.until is not None else 0}"],
+                work / f"throttle-{inj.job}{inj.index}.log"))
         t0 = time.monotonic()
         pending, exhausted = [], set()
         for _ in range(6):
@@ -179,8 +201,7 @@ def run_peer() -> None:
         coordinator.join()
         wall = time.monotonic() - t0
         jct = float(last.numpy() - first.numpy())
-        if throttler is not None:
-            _stop([throttler])
+        _stop(throttlers)
         audit = audit_summary(full_value(model.applied).numpy(), 1)
         pathlib.Path(FLAGS.json).write_text(json.dumps(
             {"jct_seconds": jct, "wall_seconds": wall, "records_per_second": n / jct,
@@ -189,6 +210,17 @@ def run_peer() -> None:
         cluster.stop()
         _stop(procs)
     os._exit(0)   # ClusterCoordinator's teardown is slow and noisy; the result is written
+
+
+def slowdowns(texts, num_ps: int):
+    """The ``slow:`` injections (antdt-launch's syntax); anything else is refused."""
+    from antdt_tf.agent.inject import parse_injection
+
+    out = [parse_injection(t, num_ps, 3) for t in texts]
+    bad = [str(i) for i in out if i.kind != "slow"]
+    if bad:
+        raise app.UsageError(f"the peer takes slow: injections only, not {bad}")
+    return out
 
 
 # ------------------------------------------------------------------ orchestrator

@@ -17,7 +17,14 @@ real slowdown injected by the agent (SIGSTOP/SIGCONT duty cycling):
 4. persistent PS straggler: ps 0 (of 2) at 1/3 speed from 3 s to the end.
 
 Policies: ``static`` (static sharding, no action: the baseline), ``dynamic`` (dynamic
-sharding only), ``antdt-nd``, ``antdt-dd`` (see ``antdt_tf.controller.policy``).
+sharding only), ``backup`` (dynamic sharding + speculative duplicates of slow workers'
+leases: the backup-workers baseline), ``antdt-nd``, ``antdt-dd`` (see
+``antdt_tf.controller.policy``), and ``tfdata-peer``: what TensorFlow ships — PSS fed by
+the tf.data service with ``ShardingPolicy.DYNAMIC`` (its own dispatcher and three
+tf.data workers; ``benchmarks.dataservice_peer``), same data, model, batch, PS count
+and slowdowns (started by its chief from its first step, with the same throttle).
+Asynchronous only (no BSP row). Its JCT runs from its first to its last applied step
+(worker clocks); its ideal is not measured (no per-worker counters).
 
 Numbers: JCT = the launcher's ``jct_seconds`` (first shard leased -> every record
 applied, from the master's journal; includes pauses of actions, excludes process
@@ -35,6 +42,7 @@ report; actions and injections marked) goes next to the table.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import statistics
 import subprocess
@@ -52,7 +60,8 @@ flags.DEFINE_integer("ps_records", 1_500_000, "Training records of scenario 4: r
                      "PS costs a fixed pause (start, restore, redo since the checkpoint), so "
                      "it pays in longer jobs.")
 flags.DEFINE_list("scenarios", ["1", "2", "3", "3bsp", "4"], "Scenarios to run.")
-flags.DEFINE_list("policies", ["static", "dynamic", "antdt-nd", "antdt-dd"], "Policies.")
+flags.DEFINE_list("policies", ["static", "dynamic", "backup", "antdt-nd", "antdt-dd",
+                                "tfdata-peer"], "Policies (tfdata-peer: the tf.data service).")
 flags.DEFINE_integer("rounds", 1, "Repetitions of every (scenario, policy); medians.")
 flags.DEFINE_string("out", "benchmarks/results/scenarios.md", "Results table (markdown).")
 
@@ -82,6 +91,26 @@ def run_job(workdir: pathlib.Path, data: str, num_ps: int, injections, policy: s
     if out.returncode != 0 or not report.exists():
         raise RuntimeError(f"job failed ({' '.join(cmd)}):\n{out.stderr[-3000:]}")
     return json.loads(report.read_text())
+
+
+def run_peer(workdir: pathlib.Path, data: str, records: int, num_ps: int, injections) -> dict:
+    """The tf.data-service peer's chief (``benchmarks.dataservice_peer --role=peer``)."""
+    from antdt_tf.procutil import child_env
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / "peer.json"
+    cmd = [sys.executable, "-m", "benchmarks.dataservice_peer", "--role=peer",
+           f"--data={data}", f"--json={out}", f"--records={records}",
+           f"--batch_size={FLAGS.batch_size}", f"--num_ps={num_ps}", "--slow_factor=1"]
+    cmd += [f"--inject={i}" for i in injections]
+    with open(workdir / "peer.log", "wb") as log:
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=log, timeout=1800,
+                              env=child_env(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")))
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"peer failed ({proc.returncode}); see {workdir / 'peer.log'}")
+    peer = json.loads(out.read_text())
+    return {"jct_seconds": peer["jct_seconds"], "audit": peer["audit"], "actions": [],
+            "records_per_worker": []}
 
 
 def ideal_jct(report: dict) -> float:
@@ -139,23 +168,34 @@ def main(argv):
             data, _ = generate_data(tmp / "long", FLAGS.ps_records, 0, seed=1)
         for rnd in range(FLAGS.rounds):
             for policy in FLAGS.policies:
+                bsp = sc.endswith("bsp")
+                if bsp and policy in ("tfdata-peer", "backup"):
+                    continue      # asynchronous only
                 workdir = tmp / f"s{sc}-{policy}-{rnd}"
                 t = time.monotonic()
-                report = run_job(workdir, data, num_ps, injections, policy,
-                                 "bsp" if sc.endswith("bsp") else "async")
-                row = {"jct": report["jct_seconds"], "ideal": ideal_jct(report),
+                if policy == "tfdata-peer":
+                    report = run_peer(workdir, data,
+                                      FLAGS.ps_records if sc == "4" else FLAGS.records,
+                                      num_ps, injections)
+                else:
+                    report = run_job(workdir, data, num_ps, injections, policy,
+                                     "bsp" if bsp else "async")
+                row = {"jct": report["jct_seconds"],
+                       "ideal": ideal_jct(report) if "timeline" in report else float("nan"),
                        "actions": [a["action"] + (f" {a['job']}:{a['index']}" if a["action"]
                                                   not in ("ScaleWorkers", "AdjustBatchSizes")
                                                   else "")
                                    for a in report["actions"]],
                        "audit_ok": report["audit"]["ok"],
                        "off": report["audit"]["applied_other"],
+                       "twice": report["audit"]["applied_2plus"],
+                       "lost": report["audit"]["applied_0"],
                        "share": report["records_per_worker"]}
                 results.setdefault((sc, policy), []).append(row)
                 print(f"scenario {sc} {policy:9s} round {rnd}: JCT {row['jct']:.1f}s "
                       f"ideal {row['ideal']:.1f}s actions {row['actions']} "
                       f"({time.monotonic() - t:.0f}s)", flush=True)
-                if rnd == 0:
+                if rnd == 0 and "timeline" in report:
                     plot(plots / f"s{sc}-{policy}.png", f"scenario {sc}: {title} — {policy}",
                          report)
     lines = [f"# Straggler scenarios x policies ({time.strftime('%Y-%m-%d')}; 2 cores; "
@@ -165,20 +205,23 @@ def main(argv):
              "Definitions: see the docstring of `benchmarks/scenarios.py`. Timelines: "
              "`benchmarks/results/scenarios/s<scenario>-<policy>.png`.", "",
              "| scenario | policy | JCT (s) | vs static | ideal JCT (s) | JCT / ideal | "
-             "actions | audit (records off) |",
+             "actions | audit: records 0x / 2+x |",
              "|---|---|---:|---:|---:|---:|---|---|"]
     for sc in FLAGS.scenarios:
         base = results.get((sc, "static"))
         base_jct = statistics.median(r["jct"] for r in base) if base else float("nan")
         for policy in FLAGS.policies:
-            rows = results[(sc, policy)]
+            rows = results.get((sc, policy))
+            if not rows:
+                continue
             jct = statistics.median(r["jct"] for r in rows)
             ideal = statistics.median(r["ideal"] for r in rows)
             acts = ", ".join(sorted({a for r in rows for a in r["actions"]})) or "none"
             ok = all(r["audit_ok"] for r in rows)
             lines.append(f"| {sc}: {SCENARIOS[sc][0]} | {policy} | {jct:.1f} | "
                          f"{jct / base_jct:.2f} | {ideal:.1f} | {jct / ideal:.2f} | {acts} | "
-                         f"{'ok' if ok else 'FAILED'} ({max(r['off'] for r in rows)}) |")
+                         f"{'exact' if ok else 'off'}: {max(r['lost'] for r in rows):,} / "
+                         f"{max(r['twice'] for r in rows):,} |")
     lines += ["", "Reproduce: `make bench-scenarios` (= `python -m benchmarks.scenarios "
               f"--records={FLAGS.records} --ps_records={FLAGS.ps_records}`)."]
     from benchmarks.results_table import write_table

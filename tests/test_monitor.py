@@ -7,6 +7,8 @@ import pytest
 from antdt_tf.monitor.straggler import (DETERMINISTIC, NORMAL, NOT_ENOUGH, PERSISTENT,
                                         TRANSIENT, BptWindow, StragglerClassifier,
                                         StragglerConfig)
+from antdt_tf.monitor.view import ClusterView
+from antdt_tf.proto import cluster_pb2 as cpb
 
 CFG = StragglerConfig(window_seconds=4, persistent_after_seconds=6, min_samples=3,
                       slow_ratio=1.5, idle_gap_seconds=2)
@@ -104,6 +106,59 @@ def test_ps_latency_against_the_fastest_ps_and_a_lone_ps_against_itself():
         for p in (0, 1):
             both.observe_ps_latency(p, float(k), 20.0 if k >= 10 else 2.0)
     assert {j.straggler_class for j in both.judge(29.0)} == {NORMAL}
+
+
+def test_a_ps_whose_peers_lack_probes_is_not_judged_against_itself():
+    """Two PS; after a new chief the windows start over. While only ps:1 has probes
+    again, it must not be compared with its own best (a loaded, restarting cluster made
+    it look 1.8x slower than its quiet past: CI saw the healthy PS replaced)."""
+    c = StragglerClassifier(CFG)
+    for k in range(20):
+        c.observe_ps_latency(0, float(k), 2.0)
+        c.observe_ps_latency(1, float(k), 2.0)
+    c.forget_ps()
+    for k in range(20, 60):
+        c.observe_ps_latency(1, float(k), 12.0)    # 6x its quiet past, no peer probes
+        judged = {j.index: j for j in c.judge(float(k)) if j.job == "ps"}
+        assert judged[1].straggler_class == NOT_ENOUGH and judged[1].slowness == 0
+    assert 0 not in judged
+    for k in range(60, 70):                         # the peer is back: compared again
+        c.observe_ps_latency(0, float(k), 12.0)
+        c.observe_ps_latency(1, float(k), 12.0)
+    assert {j.straggler_class for j in c.judge(69.0)} == {NORMAL}
+
+
+def test_a_new_chief_restarts_the_ps_windows():
+    view = ClusterView(clock=lambda: now[0], straggler=CFG)
+    now = [0.0]
+    for k in range(1, 30):
+        now[0] = float(k)
+        view.report_trainer(cpb.TrainerReport(
+            task=cpb.TaskRef(job="chief"), incarnation=1, seq=k,
+            ps_latency=[cpb.PsLatency(ps=0, latency_ms=30.0 if k > 5 else 2.0),
+                        cpb.PsLatency(ps=1, latency_ms=2.0)]))
+        view.tick()
+    assert {h.task.index: h for h in view.health()}[0].straggler_class == \
+        cpb.TaskHealth.PERSISTENT
+    now[0] = 31.0     # ps:0 replaced; the restarted chief reports
+    view.report_trainer(cpb.TrainerReport(
+        task=cpb.TaskRef(job="chief"), incarnation=2, seq=1,
+        ps_latency=[cpb.PsLatency(ps=0, latency_ms=2.0), cpb.PsLatency(ps=1, latency_ms=2.0)]))
+    health = {h.task.index: h for h in view.health()}
+    assert health[0].samples == 1 and health[0].straggler_class == \
+        cpb.TaskHealth.STRAGGLER_CLASS_UNSPECIFIED
+
+
+def test_slow_probes_still_judge_a_slow_ps():
+    """A loaded chief reports every 5 s: 2 probes fit the 8 s PS window, fewer than the
+    3 needed, but the newest 3 (within three windows) still judge the PS."""
+    c = StragglerClassifier(CFG)
+    for k in range(0, 60, 5):
+        c.observe_ps_latency(0, float(k), 40.0)
+        c.observe_ps_latency(1, float(k), 4.0)
+        judged = {j.index: j for j in c.judge(float(k)) if j.job == "ps"}
+    assert judged[0].samples == 3 and judged[0].straggler_class == DETERMINISTIC
+    assert judged[1].straggler_class == NORMAL
 
 
 def test_small_absolute_ps_differences_are_not_stragglers():

@@ -77,9 +77,9 @@ def test_pss_job_trains_every_record_exactly_once(tmp_path, data_path):
 def test_worker_sigkill_mid_shard_costs_at_most_one_batch(tmp_path):
     """The killed worker's closure is re-run elsewhere and resumes after the batches it
     had applied: at most one batch (128 records) is applied twice, none is lost."""
-    n, shards = 24_576, 48
+    n, shards = 12_288, 24
     report, progress, killed_at, log = run_job(tmp_path, n, n // shards, 128,
-                                               kill_worker_after_shards=8)
+                                               kill_worker_after_shards=6)
     assert killed_at is not None and killed_at < shards, "the kill must land mid-run"
     assert "Putting back a closure after it failed" in log   # a shard was really re-run
     audit = report["audit"]
@@ -191,7 +191,7 @@ def test_a_slowed_worker_ends_up_with_fewer_shards(tmp_path):
     run: pulling gives the fast worker most shards, and the audit stays exact."""
     from antdt_tf.agent.throttle import CpuThrottle
 
-    n, rps = 16_384, 256
+    n, rps = 8_192, 256
     with pss_cluster(tmp_path, n, rps, seed=5) as (master, cluster, admin), \
             CpuThrottle(cluster.procs["worker", 1].pid, factor=4):
         report = run_local_job(tmp_path, master, cluster, 128, buckets=4096,

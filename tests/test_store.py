@@ -252,3 +252,28 @@ def test_a_steal_replays_exactly(tmp_path):
     assert datasets(state2) == before
     assert state2.progress("train").datasets[0].stolen_leases == 1
     store2.close()
+
+
+def test_a_backup_lease_replays_exactly(tmp_path):
+    state, store = fresh(tmp_path)
+    state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=300,
+                                       backup_leases=True))
+    slow, fast = W(0), W(1)
+    work(state, 1, task=fast)
+    held = state.get_shard("train", slow).shard
+    work(state, 1, task=fast)
+    state.report_shard(pb.ReportShardRequest(
+        dataset="train", task=slow, lease_id=held.lease_id, shard_id=held.shard_id,
+        outcome=PROGRESS, records_processed=10))
+    state._runs["train"].doing[held.lease_id].issued_at -= 100.0
+    state._tasks["worker:1"].seconds_per_record = 0.01
+    dup = state.get_shard("train", fast).shard
+    assert (dup.shard_id, dup.start) == (held.shard_id, held.start + 10)
+    datasets = lambda st: st.snapshot(with_tasks=False).SerializeToString(  # noqa: E731
+        deterministic=True)
+    before = datasets(state)
+    simulate_kill(store)
+    state2, store2, _ = reopen(tmp_path, store)
+    assert datasets(state2) == before
+    assert state2.progress("train").datasets[0].backup_leases == 1
+    store2.close()

@@ -8,10 +8,10 @@ returns actions; the launcher carries them out through the agents. See
 
 from antdt_tf.controller.actions import (Action, AdjustBatchSizes, RelaunchWorker, ReplacePs,
                                          ScaleWorkers)
-from antdt_tf.controller.policy import (AntDTDD, AntDTND, CostModel, DynamicOnly,
-                                        Observation, Policy, StaticSharding, TaskView,
-                                        balanced_batch_sizes, load_policy)
+from antdt_tf.controller.policy import (AntDTDD, AntDTND, BackupWorkers, CostModel,
+                                        DynamicOnly, Observation, Policy, StaticSharding,
+                                        TaskView, balanced_batch_sizes, load_policy)
 
-__all__ = ["Action", "AdjustBatchSizes", "AntDTDD", "AntDTND", "CostModel", "DynamicOnly", "Observation",
-           "Policy", "RelaunchWorker", "ReplacePs", "ScaleWorkers", "StaticSharding",
-           "TaskView", "balanced_batch_sizes", "load_policy"]
+__all__ = ["Action", "AdjustBatchSizes", "AntDTDD", "AntDTND", "BackupWorkers", "CostModel",
+           "DynamicOnly", "Observation", "Policy", "RelaunchWorker", "ReplacePs", "ScaleWorkers",
+           "StaticSharding", "TaskView", "balanced_batch_sizes", "load_policy"]

@@ -151,6 +151,7 @@ class Policy:
     name = "policy"
     sharding = "dynamic"    # how the launcher registers the data: "dynamic" or "static"
     tail_stealing = False   # the master lets idle workers take over slow workers' leases
+    backup_leases = False   # the master gives idle workers duplicates of slow workers' leases
 
     def decide(self, obs: Observation) -> Sequence[Action]:
         raise NotImplementedError
@@ -166,6 +167,16 @@ class DynamicOnly(Policy):
 class StaticSharding(DynamicOnly):
     name = "static"
     sharding = "static"
+
+
+class BackupWorkers(DynamicOnly):
+    """The classic answer to stragglers, as a baseline: dynamic sharding, and a worker
+    that runs out of data gets a speculative duplicate of the rest of a much slower
+    worker's lease; the first to finish the shard wins, the other stops at its next
+    batch. What both trained is applied twice (asynchronous SGD cannot take an update
+    back): the audit shows the price. No other action."""
+    name = "backup"
+    backup_leases = True
 
 
 class _Acting(Policy):
@@ -233,11 +244,11 @@ class AntDTDD(_Acting):
     ps_classes = frozenset({PERSISTENT})
 
 
-PRESETS = {p.name: p for p in (StaticSharding, DynamicOnly, AntDTND, AntDTDD)}
+PRESETS = {p.name: p for p in (StaticSharding, DynamicOnly, BackupWorkers, AntDTND, AntDTDD)}
 
 
 def load_policy(spec: str) -> Policy:
-    """A preset by name (``static``, ``dynamic``, ``antdt-nd``, ``antdt-dd``) or
+    """A preset by name (``static``, ``dynamic``, ``backup``, ``antdt-nd``, ``antdt-dd``) or
     ``module:Class``."""
     if spec in PRESETS:
         return PRESETS[spec]()

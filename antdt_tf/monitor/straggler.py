@@ -10,14 +10,18 @@ Where the numbers come from (measured where they are true):
 - **Parameter servers**: a PS has no batches; what matters is how long workers wait on
   it. The trainer probes every PS with a tiny variable read about once a second and
   reports the latency; the mean (without the worst sample) over twice the window, from
-  at least 4 probes, is the PS's latency.
+  at least 4 probes (the newest 4 for up to six windows, when probes come slowly), is
+  the PS's latency.
 
 Classification (AntDT's three classes, decided per task over a sliding window):
 
 - a worker is *slow* when the median rate of all workers is ``slow_ratio`` times its own
   rate or more; a PS is slow when its latency is ``slow_ratio`` times the baseline (the
   fastest PS now; a lone PS is compared with its own best window) and at least
-  ``ps_min_excess_ms`` above it;
+  ``ps_min_excess_ms`` above it. A PS of a job with several PS is judged only while a
+  peer has enough probes too: alone-against-itself would blame one PS for load that hits
+  every task (a restarting chief, a busy host), which is what a job with one PS has to
+  live with, not one with peers;
 - **transient**: slow for less than ``persistent_after_seconds`` (a burst; dynamic
   sharding already absorbs it, acting would cost more than it saves);
 - **persistent**: slow for ``persistent_after_seconds`` or longer after having been
@@ -26,7 +30,9 @@ Classification (AntDT's three classes, decided per task over a sliding window):
   or longer (weaker hardware: moving does not help on a dedicated cluster, re-balancing
   does).
 
-A new incarnation (relaunched worker) starts a fresh window and history.
+A new incarnation (relaunched worker) starts a fresh window and history; so do all PS
+when a new chief incarnation reports (a PS replacement, PS failure or rescale rebuilt the
+cluster: the old probes describe processes that are gone).
 """
 
 from __future__ import annotations
@@ -110,6 +116,15 @@ class LatencyWindow(_TimeWindow):
         self.min_samples = min_samples
         self.best = float("inf")   # lowest full-window mean so far: a lone PS's baseline
 
+    def trim(self, now: float) -> None:
+        """Drops probes older than the window, but keeps the newest ``min_samples`` for
+        up to three windows: probes come with the chief's reports, which a loaded chief
+        sends less often — exactly when a slow PS needs judging."""
+        while self._samples and self._samples[0][0] < now - self.window_seconds and (
+                len(self._samples) > self.min_samples
+                or self._samples[0][0] < now - 3 * self.window_seconds):
+            self._samples.popleft()
+
     def add(self, now: float, latency_ms: float) -> None:
         self._samples.append((now, latency_ms))
         self.trim(now)
@@ -169,6 +184,7 @@ class StragglerClassifier:
         self._bpt: dict[int, BptWindow] = {}
         self._incarnation: dict[int, int] = {}
         self._latency: dict[int, LatencyWindow] = {}
+        self._ps_seen: set[int] = set()   # every PS ever probed: is a PS alone?
         self._history: dict[tuple[str, int], _History] = {}
         # probes come at most once a second (less when the chief is busy): a PS is judged
         # over twice the window, from at least 4 probes
@@ -185,13 +201,15 @@ class StragglerClassifier:
         self._bpt[worker].add(now, records, seconds)
 
     def observe_ps_latency(self, ps: int, now: float, latency_ms: float) -> None:
+        self._ps_seen.add(ps)
         self._latency.setdefault(ps, LatencyWindow(
             2 * self.config.window_seconds, self._ps_min_samples)).add(now, latency_ms)
 
-    def forget_ps(self, ps: int) -> None:
-        """A replaced PS: its window and history start over."""
-        self._latency.pop(ps, None)
-        self._history.pop(("ps", ps), None)
+    def forget_ps(self) -> None:
+        """A new chief probes from now on: every PS's window and history start over."""
+        self._latency.clear()
+        for key in [k for k in self._history if k[0] == "ps"]:
+            del self._history[key]
 
     def judge(self, now: float) -> list[TaskJudgement]:
         cfg = self.config
@@ -220,8 +238,12 @@ class StragglerClassifier:
         for p, win in sorted(self._latency.items()):
             j = TaskJudgement("ps", p, samples=len(win), latency_ms=win.mean())
             # with peers, the fastest PS now (load that slows all of them is not one
-            # PS's fault); alone, the PS's own best window so far
-            base = min(latencies.values()) if len(latencies) >= 2 else win.best
+            # PS's fault); the only PS of the job, its own best window so far; a PS
+            # whose peers lack probes now (refilling after a restart) is not judged
+            if len(latencies) >= 2:
+                base = min(latencies.values())
+            else:
+                base = win.best if len(self._ps_seen) == 1 else 0.0
             if p in latencies and 0 < base < float("inf"):
                 j.slowness = latencies[p] / base
                 slow = (j.slowness >= cfg.slow_ratio

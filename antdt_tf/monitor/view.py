@@ -76,6 +76,8 @@ class ClusterView:
                 return False
             if report.incarnation == last.incarnation and report.seq <= last.seq:
                 return False
+        if last is None or report.incarnation != last.incarnation:
+            self.classifier.forget_ps()   # a new chief: the PS probes start over
         kept = cpb.TrainerReport()
         kept.CopyFrom(report)
         kept.unix_time = self._clock()

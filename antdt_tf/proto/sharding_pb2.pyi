@@ -26,7 +26,7 @@ class DataFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
 
 class DatasetSpec(_message.Message):
-    __slots__ = ("name", "num_records", "files", "records_per_shard", "num_epochs", "shuffle", "seed", "static_workers", "tail_stealing")
+    __slots__ = ("name", "num_records", "files", "records_per_shard", "num_epochs", "shuffle", "seed", "static_workers", "tail_stealing", "backup_leases")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class DatasetSpec(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     STATIC_WORKERS_FIELD_NUMBER: _ClassVar[int]
     TAIL_STEALING_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_LEASES_FIELD_NUMBER: _ClassVar[int]
     name: str
     num_records: int
     files: _containers.RepeatedCompositeFieldContainer[DataFile]
@@ -45,7 +46,8 @@ class DatasetSpec(_message.Message):
     seed: int
     static_workers: int
     tail_stealing: bool
-    def __init__(self, name: _Optional[str] = ..., num_records: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., records_per_shard: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shuffle: bool = ..., seed: _Optional[int] = ..., static_workers: _Optional[int] = ..., tail_stealing: bool = ...) -> None: ...
+    backup_leases: bool
+    def __init__(self, name: _Optional[str] = ..., num_records: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., records_per_shard: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shuffle: bool = ..., seed: _Optional[int] = ..., static_workers: _Optional[int] = ..., tail_stealing: bool = ..., backup_leases: bool = ...) -> None: ...
 
 class RegisterDatasetRequest(_message.Message):
     __slots__ = ("spec",)
@@ -192,7 +194,7 @@ class GetProgressRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DatasetProgress(_message.Message):
-    __slots__ = ("name", "epoch", "num_epochs", "shards_per_epoch", "todo_shards", "doing_shards", "done_shards", "poisoned_shards", "records_per_epoch", "records_done_epoch", "records_done_total", "finished", "poisoned_shard_ids", "seconds_per_record", "started_unix", "finished_unix", "stolen_leases", "batch_sizes")
+    __slots__ = ("name", "epoch", "num_epochs", "shards_per_epoch", "todo_shards", "doing_shards", "done_shards", "poisoned_shards", "records_per_epoch", "records_done_epoch", "records_done_total", "finished", "poisoned_shard_ids", "seconds_per_record", "started_unix", "finished_unix", "stolen_leases", "batch_sizes", "backup_leases")
     class BatchSizesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +220,7 @@ class DatasetProgress(_message.Message):
     FINISHED_UNIX_FIELD_NUMBER: _ClassVar[int]
     STOLEN_LEASES_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_LEASES_FIELD_NUMBER: _ClassVar[int]
     name: str
     epoch: int
     num_epochs: int
@@ -236,7 +239,8 @@ class DatasetProgress(_message.Message):
     finished_unix: float
     stolen_leases: int
     batch_sizes: _containers.ScalarMap[int, int]
-    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: bool = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., stolen_leases: _Optional[int] = ..., batch_sizes: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    backup_leases: int
+    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: bool = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., stolen_leases: _Optional[int] = ..., batch_sizes: _Optional[_Mapping[int, int]] = ..., backup_leases: _Optional[int] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("task", "state", "shards_done", "records_done", "doing_shards", "failures", "seconds_per_record")
@@ -265,7 +269,7 @@ class GetProgressResponse(_message.Message):
     def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetProgress, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ...) -> None: ...
 
 class ShardRemainder(_message.Message):
-    __slots__ = ("shard_id", "offset", "failures", "lease_id", "holder", "applied", "lease_seconds")
+    __slots__ = ("shard_id", "offset", "failures", "lease_id", "holder", "applied", "lease_seconds", "backup_of")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +277,7 @@ class ShardRemainder(_message.Message):
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_OF_FIELD_NUMBER: _ClassVar[int]
     shard_id: int
     offset: int
     failures: int
@@ -280,10 +285,11 @@ class ShardRemainder(_message.Message):
     holder: TaskId
     applied: int
     lease_seconds: float
-    def __init__(self, shard_id: _Optional[int] = ..., offset: _Optional[int] = ..., failures: _Optional[int] = ..., lease_id: _Optional[int] = ..., holder: _Optional[_Union[TaskId, _Mapping]] = ..., applied: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    backup_of: int
+    def __init__(self, shard_id: _Optional[int] = ..., offset: _Optional[int] = ..., failures: _Optional[int] = ..., lease_id: _Optional[int] = ..., holder: _Optional[_Union[TaskId, _Mapping]] = ..., applied: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., backup_of: _Optional[int] = ...) -> None: ...
 
 class DatasetState(_message.Message):
-    __slots__ = ("spec", "epoch", "cursor", "requeued", "doing", "poisoned", "failure_counts", "records_done_epoch", "records_done_total", "seconds_per_record", "stolen_leases")
+    __slots__ = ("spec", "epoch", "cursor", "requeued", "doing", "poisoned", "failure_counts", "records_done_epoch", "records_done_total", "seconds_per_record", "stolen_leases", "backup_leases")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
@@ -295,6 +301,7 @@ class DatasetState(_message.Message):
     RECORDS_DONE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SECONDS_PER_RECORD_FIELD_NUMBER: _ClassVar[int]
     STOLEN_LEASES_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_LEASES_FIELD_NUMBER: _ClassVar[int]
     spec: DatasetSpec
     epoch: int
     cursor: int
@@ -306,7 +313,8 @@ class DatasetState(_message.Message):
     records_done_total: int
     seconds_per_record: float
     stolen_leases: int
-    def __init__(self, spec: _Optional[_Union[DatasetSpec, _Mapping]] = ..., epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., requeued: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., doing: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., poisoned: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., failure_counts: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., seconds_per_record: _Optional[float] = ..., stolen_leases: _Optional[int] = ...) -> None: ...
+    backup_leases: int
+    def __init__(self, spec: _Optional[_Union[DatasetSpec, _Mapping]] = ..., epoch: _Optional[int] = ..., cursor: _Optional[int] = ..., requeued: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., doing: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., poisoned: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., failure_counts: _Optional[_Iterable[_Union[ShardRemainder, _Mapping]]] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., seconds_per_record: _Optional[float] = ..., stolen_leases: _Optional[int] = ..., backup_leases: _Optional[int] = ...) -> None: ...
 
 class TaskState(_message.Message):
     __slots__ = ("task", "dead", "shards_done", "records_done", "failures", "seconds_per_record", "recent_done_leases")
@@ -415,7 +423,7 @@ class JournalEntry(_message.Message):
     def __init__(self, time: _Optional[float] = ..., register: _Optional[_Union[DatasetSpec, _Mapping]] = ..., task_joined: _Optional[_Union[TaskId, _Mapping]] = ..., issue: _Optional[_Union[IssueEvent, _Mapping]] = ..., settle: _Optional[_Union[SettleEvent, _Mapping]] = ..., task_failed: _Optional[_Union[TaskId, _Mapping]] = ..., restore: _Optional[_Union[ShardingState, _Mapping]] = ...) -> None: ...
 
 class IssueEvent(_message.Message):
-    __slots__ = ("dataset", "task", "lease_id", "lease_seconds", "request_id", "shard_id", "offset")
+    __slots__ = ("dataset", "task", "lease_id", "lease_seconds", "request_id", "shard_id", "offset", "backup_of")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -423,6 +431,7 @@ class IssueEvent(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_OF_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     task: TaskId
     lease_id: int
@@ -430,7 +439,8 @@ class IssueEvent(_message.Message):
     request_id: int
     shard_id: int
     offset: int
-    def __init__(self, dataset: _Optional[str] = ..., task: _Optional[_Union[TaskId, _Mapping]] = ..., lease_id: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., request_id: _Optional[int] = ..., shard_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    backup_of: int
+    def __init__(self, dataset: _Optional[str] = ..., task: _Optional[_Union[TaskId, _Mapping]] = ..., lease_id: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., request_id: _Optional[int] = ..., shard_id: _Optional[int] = ..., offset: _Optional[int] = ..., backup_of: _Optional[int] = ...) -> None: ...
 
 class SettleEvent(_message.Message):
     __slots__ = ("dataset", "lease_id", "kind", "records_processed", "lease_seconds")

@@ -41,6 +41,7 @@ class DatasetSpec:
     seed: int = 0
     static_workers: int = 0    # > 0: static sharding over worker:0..N-1 (a baseline)
     tail_stealing: bool = False   # idle workers take over the rest of slow workers' leases
+    backup_leases: bool = False   # idle workers duplicate the rest of slow workers' leases
 
     def __post_init__(self):
         if not _NAME_RE.match(self.name or ""):
@@ -71,9 +72,12 @@ class DatasetSpec:
                 f"dataset {self.name}: num_records must be > 0 (or give files), got {self.num_records}")
         if not 0 <= self.seed < 2**64:
             raise InvalidRequest(f"dataset {self.name}: seed must fit in uint64")
-        if self.static_workers and self.tail_stealing:
-            raise InvalidRequest(f"dataset {self.name}: static sharding and tail stealing "
-                                 "exclude each other")
+        if self.static_workers and (self.tail_stealing or self.backup_leases):
+            raise InvalidRequest(f"dataset {self.name}: static sharding excludes tail "
+                                 "stealing and backup leases")
+        if self.tail_stealing and self.backup_leases:
+            raise InvalidRequest(f"dataset {self.name}: tail stealing and backup leases "
+                                 "exclude each other (take over a lease or duplicate it)")
         if not 0 <= self.static_workers <= 100_000:
             raise InvalidRequest(f"dataset {self.name}: static_workers must be in [0, 100000], "
                                  f"got {self.static_workers}")

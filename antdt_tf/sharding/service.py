@@ -128,7 +128,8 @@ class ShardingServicer:
         return self.batch_sizes.get(dataset, {}).get(worker, 0)
 
     def SaveState(self, req: pb.SaveStateRequest) -> pb.SaveStateResponse:
-        return pb.SaveStateResponse(state=self.state.snapshot(req.datasets, with_tasks=False))
+        return pb.SaveStateResponse(state=self.state.snapshot(req.datasets, with_tasks=False,
+                                                              for_checkpoint=True))
 
     def RestoreState(self, req: pb.RestoreStateRequest) -> pb.RestoreStateResponse:
         names, requeued = self.state.restore_state(req.state)

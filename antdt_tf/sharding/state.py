@@ -93,7 +93,7 @@ def spec_from_proto(msg: pb.DatasetSpec) -> DatasetSpec:
                        num_epochs=msg.num_epochs, num_records=msg.num_records,
                        files=tuple(DataFile(f.path, f.num_records) for f in msg.files),
                        shuffle=msg.shuffle, seed=msg.seed, static_workers=msg.static_workers,
-                       tail_stealing=msg.tail_stealing)
+                       tail_stealing=msg.tail_stealing, backup_leases=msg.backup_leases)
 
 
 def spec_to_proto(spec: DatasetSpec) -> pb.DatasetSpec:
@@ -103,7 +103,7 @@ def spec_to_proto(spec: DatasetSpec) -> pb.DatasetSpec:
                                  for f in spec.files],
                           shuffle=spec.shuffle, seed=spec.seed,
                           static_workers=spec.static_workers,
-                          tail_stealing=spec.tail_stealing)
+                          tail_stealing=spec.tail_stealing, backup_leases=spec.backup_leases)
 
 
 def task_name(task: pb.TaskId) -> str:
@@ -120,10 +120,21 @@ def validate_task(task: pb.TaskId) -> None:
         raise InvalidRequest(f"task incarnation must be >= 0, got {task.incarnation}")
 
 
+class _Pair:
+    """A lease and its speculative duplicate (backup leases): the duplicate starts where
+    the original's last report left it, so together they cover [start, end) of the shard
+    without a gap; records are counted once, by how far the union reaches."""
+
+    __slots__ = ("start", "end")
+
+    def __init__(self, start: int, end: int):
+        self.start, self.end = start, end
+
+
 class _Lease:
     __slots__ = ("lease_id", "dataset", "shard_id", "epoch", "offset", "length", "applied",
                  "task_key", "incarnation", "issued_at", "lease_seconds", "deadline", "attempt",
-                 "last_delta")
+                 "last_delta", "pair", "partner", "backup_of")
 
     def __init__(self, lease_id, dataset, shard_id, epoch, offset, length, task_key, incarnation,
                  issued_at, lease_seconds, attempt):
@@ -141,6 +152,9 @@ class _Lease:
         self.deadline = issued_at + lease_seconds
         self.attempt = attempt
         self.last_delta = 0           # records of the latest report: the holder's batch size
+        self.pair: Optional[_Pair] = None   # backup leases: shared with the partner
+        self.partner = 0              # the partner's lease id while both are DOING
+        self.backup_of = 0            # this lease duplicates that one (the original)
 
 
 class _Run:
@@ -165,6 +179,7 @@ class _Run:
         self.started_unix = 0.0
         self.finished_unix = 0.0
         self.stolen_leases = 0
+        self.backup_leases = 0
 
     @property
     def finished(self) -> bool:
@@ -238,6 +253,13 @@ class ShardState:
         self._next_lease_id = 1
         self._deadlines: list[tuple[float, int, str]] = []  # heap (deadline, lease, dataset)
         self.last_expired: list[str] = []
+        # Tail stealing counts the holder's batch in flight as applied. Until the holder
+        # reports it (refused: the lease is gone), that is a promise, not a fact: a
+        # checkpoint taken meanwhile (the trainer drained its steps while that batch
+        # waited in the holder's pipeline) must not claim it. (dataset, stolen lease) ->
+        # (shard, offset the holder reported, offset the rest was issued from). Soft
+        # state: live steals only, not rebuilt from the journal.
+        self._unconfirmed_steals: dict[tuple[str, int], tuple[int, int, int]] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -294,7 +316,8 @@ class ShardState:
         out = pb.GetProgressResponse()
         for run in runs:
             n = run.plan.num_shards
-            todo, doing, poisoned = run.todo_shards(), len(run.doing), len(run.poisoned)
+            todo, poisoned = run.todo_shards(), len(run.poisoned)
+            doing = len({le.shard_id for le in run.doing.values()})   # a pair is one shard
             out.datasets.append(pb.DatasetProgress(
                 name=run.spec.name, epoch=run.epoch, num_epochs=run.spec.num_epochs,
                 shards_per_epoch=n, todo_shards=todo, doing_shards=doing,
@@ -303,7 +326,7 @@ class ShardState:
                 records_done_epoch=run.records_done_epoch,
                 records_done_total=run.records_done_total, finished=run.finished,
                 started_unix=run.started_unix, finished_unix=run.finished_unix,
-                stolen_leases=run.stolen_leases,
+                stolen_leases=run.stolen_leases, backup_leases=run.backup_leases,
                 poisoned_shard_ids=sorted(run.poisoned)[:_MAX_POISONED_IDS],
                 seconds_per_record=run.seconds_per_record))
         for t in self._tasks.values():
@@ -367,10 +390,24 @@ class ShardState:
         if nxt is None and run.spec.tail_stealing:
             victim, in_flight = self._steal_candidate(run, t)
             if victim is not None:
+                reported = victim.offset + victim.applied
                 self._commit(pb.JournalEntry(time=self._now(), settle=pb.SettleEvent(
                     dataset=dataset, lease_id=victim.lease_id, kind=_S_STOLEN,
                     records_processed=victim.applied + in_flight)))
+                self._unconfirmed_steals[dataset, victim.lease_id] = (
+                    victim.shard_id, reported, reported + in_flight)
                 nxt = run.next_for(task)
+        if nxt is None and run.spec.backup_leases:
+            original, _ = self._steal_candidate(run, t, unpaired=True)
+            if original is not None:
+                offset = original.offset + original.applied
+                lease = self._commit(pb.JournalEntry(time=self._now(), issue=pb.IssueEvent(
+                    dataset=dataset, task=task, lease_id=self._next_lease_id,
+                    lease_seconds=self._lease_seconds(
+                        run, t, run.plan.shard_length(original.shard_id) - offset),
+                    request_id=request_id, shard_id=original.shard_id, offset=offset,
+                    backup_of=original.lease_id)))
+                return pb.GetShardResponse(status=_SHARD, shard=self._shard_msg(run, lease))
         if nxt is None:
             return pb.GetShardResponse(status=_WAIT,
                                        retry_after_seconds=self._retry_after(run))
@@ -393,6 +430,8 @@ class ShardState:
             raise InvalidRequest(f"records_processed must be >= 0, got {req.records_processed}")
         lease = run.doing.get(req.lease_id)
         if lease is None or lease.task_key != t.key or lease.incarnation != req.task.incarnation:
+            if lease is None:   # a holder reporting its batch in flight when it was stolen
+                self._unconfirmed_steals.pop((req.dataset, req.lease_id), None)
             if req.outcome == _DONE and req.lease_id in t.recent_done:
                 resp = pb.ReportShardResponse(result=_DUPLICATE)
                 if req.get_next:
@@ -482,7 +521,12 @@ class ShardState:
 
     # ---------------------------------------------------------------- snapshot
 
-    def snapshot(self, datasets: Iterable[str] = (), with_tasks: bool = True) -> pb.ShardingState:
+    def snapshot(self, datasets: Iterable[str] = (), with_tasks: bool = True,
+                 for_checkpoint: bool = False) -> pb.ShardingState:
+        """The state as a message. ``for_checkpoint``: taken with no training step in
+        flight (SaveState), so a stolen lease's batch its holder has not reported yet was
+        not applied: its rest, while nobody trained any of it, is given from the holder's
+        last report on (restored, that batch is trained again instead of lost)."""
         names = list(datasets) or list(self._runs)
         out = pb.ShardingState(format_version=STATE_FORMAT_VERSION, next_lease_id=self._next_lease_id)
         for name in names:
@@ -491,18 +535,27 @@ class ShardState:
                                   records_done_epoch=run.records_done_epoch,
                                   records_done_total=run.records_done_total,
                                   seconds_per_record=run.seconds_per_record,
-                                  stolen_leases=run.stolen_leases)
+                                  stolen_leases=run.stolen_leases,
+                                  backup_leases=run.backup_leases)
             ds.spec.CopyFrom(spec_to_proto(run.spec))
+            back = {}   # (shard, offset the rest was issued from) -> holder's last report
+            if for_checkpoint:
+                back = {(shard, stolen_at): reported for (d, _), (shard, reported, stolen_at)
+                        in self._unconfirmed_steals.items() if d == name}
             for shard_id, offset in run.requeue:
-                ds.requeued.add(shard_id=shard_id, offset=offset,
+                ds.requeued.add(shard_id=shard_id, offset=back.get((shard_id, offset), offset),
                                 failures=run.failures.get(shard_id, 0))
             for lease in run.doing.values():
                 holder = self._tasks[lease.task_key]
-                ds.doing.add(shard_id=lease.shard_id, offset=lease.offset, applied=lease.applied,
+                offset = lease.offset
+                if not lease.applied:
+                    offset = back.get((lease.shard_id, offset), offset)
+                ds.doing.add(shard_id=lease.shard_id, offset=offset, applied=lease.applied,
                              lease_seconds=lease.lease_seconds,
                              failures=run.failures.get(lease.shard_id, 0), lease_id=lease.lease_id,
                              holder=pb.TaskId(type=holder.type, index=holder.index,
-                                              incarnation=lease.incarnation))
+                                              incarnation=lease.incarnation),
+                             backup_of=lease.backup_of if lease.partner else 0)
             for shard_id, offset in run.poisoned.items():
                 ds.poisoned.add(shard_id=shard_id, offset=offset,
                                 failures=run.failures.get(shard_id, 0))
@@ -529,6 +582,7 @@ class ShardState:
         self._runs.clear()
         self._tasks.clear()
         self._deadlines.clear()
+        self._unconfirmed_steals.clear()
         for ts in state.tasks:
             t = _Task(ts.task)
             t.dead, t.shards_done, t.records_done = ts.dead, ts.shards_done, ts.records_done
@@ -598,7 +652,14 @@ class ShardState:
         run = self._runs[ev.dataset]
         t = self._tasks[f"{ev.task.type}:{ev.task.index}"]
         shard_id, offset = ev.shard_id, ev.offset
-        if run.spec.static_workers:
+        original = None
+        if ev.backup_of:   # a duplicate: the shard stays where it is (DOING)
+            original = run.doing.get(ev.backup_of)
+            if (original is None or original.pair is not None or original.shard_id != shard_id
+                    or offset != original.offset + original.applied):
+                raise CorruptState(f"backup of lease {ev.backup_of} (shard {shard_id}@{offset}),"
+                                   " which is not an unpaired DOING lease at that offset")
+        elif run.spec.static_workers:
             try:
                 run.requeue.remove((shard_id, offset))
             except ValueError:
@@ -618,6 +679,9 @@ class ShardState:
                        ev.lease_seconds, run.failures.get(shard_id, 0))
         run.doing[lease.lease_id] = lease
         t.leases.add(lease.lease_id)
+        if original is not None:
+            self._link(original, lease)
+            run.backup_leases += 1
         if ev.request_id:
             t.last_request[ev.dataset] = (ev.request_id, lease.lease_id)
         self._next_lease_id = max(self._next_lease_id, ev.lease_id + 1)
@@ -640,6 +704,7 @@ class ShardState:
             return lease
         del run.doing[lease.lease_id]
         t.leases.discard(lease.lease_id)
+        partner = run.doing.get(lease.partner) if lease.partner else None
         if ev.kind == _S_DONE:
             self._count_applied(run, t, lease, lease.length)
             spr = (now - lease.issued_at) / max(1, lease.length)
@@ -648,6 +713,15 @@ class ShardState:
             t.shards_done += 1
             t.recent_done.append(lease.lease_id)
             run.failures.pop(lease.shard_id, None)
+            if partner is not None:
+                # first finisher wins: the partner's next report is refused (it applies
+                # the batch it is training now: a duplicate, like what both trained)
+                self._drop(partner)
+        elif partner is not None:
+            # FAILED or EXPIRED with the duplicate still running: it covers the rest
+            self._count_applied(run, t, lease, ev.records_processed)
+            self._drop(lease, keep=partner)
+            t.failures += 1
         elif ev.kind == _S_STOLEN:
             # the holder applies the batch it is training now (one batch after its last
             # report) and learns from its next report that the rest is no longer its own
@@ -661,7 +735,8 @@ class ShardState:
         self._maybe_next_epoch(run)
         return lease
 
-    def _steal_candidate(self, run: _Run, thief: _Task) -> tuple[Optional[_Lease], int]:
+    def _steal_candidate(self, run: _Run, thief: _Task,
+                         unpaired: bool = False) -> tuple[Optional[_Lease], int]:
         """The lease whose rest the idle ``thief`` would finish soonest relative to its
         holder, and the records the holder may be training in it now (one batch after its
         last report: a worker trains and reports one batch at a time). A lease not reported
@@ -669,12 +744,13 @@ class ShardState:
         from its other leases as in flight. At least two batches must be left after that,
         and the holder must need 1.5 times longer than the thief. The holder's speed is its
         pace on this lease once it reported on it (a worker that slowed down mid-lease, or
-        has not finished a lease yet, is judged by what it does now), else its past pace."""
+        has not finished a lease yet, is judged by what it does now), else its past pace.
+        ``unpaired``: backup leases: only leases without a duplicate yet."""
         best, best_gain, best_in_flight = None, 0.0, 0
         now = self._now()
         thief_spr = thief.seconds_per_record or run.seconds_per_record
         for lease in run.doing.values():
-            if lease.task_key == thief.key:
+            if lease.task_key == thief.key or (unpaired and lease.pair is not None):
                 continue
             holder = self._tasks[lease.task_key]
             in_flight = lease.last_delta or (holder.batch_records if not lease.applied else 0)
@@ -695,15 +771,21 @@ class ShardState:
         return best, best_in_flight
 
     def _count_applied(self, run: _Run, t: _Task, lease: _Lease, applied: int) -> None:
-        """Counts the records trained since the last report exactly once."""
-        delta = applied - lease.applied
+        """Counts the records trained since the last report exactly once (a lease and its
+        duplicate: by how far the two together reach)."""
+        if lease.pair is None:
+            delta = applied - lease.applied
+        else:
+            end = max(lease.pair.end, lease.offset + applied)
+            delta, lease.pair.end = end - lease.pair.end, end
         lease.applied = applied
         run.records_done_epoch += delta
         run.records_done_total += delta
         t.records_done += delta
 
     def _give_back(self, run: _Run, lease: _Lease, count_failure: bool) -> None:
-        offset = lease.offset + lease.applied
+        # (the survivor of a lease and its duplicate: from as far as both got)
+        offset = lease.pair.end if lease.pair is not None else lease.offset + lease.applied
         if offset >= run.plan.shard_length(lease.shard_id):
             return  # every record was trained: the shard is DONE
         if count_failure:
@@ -716,12 +798,34 @@ class ShardState:
         else:
             run.requeue.append((lease.shard_id, offset))
 
+    @staticmethod
+    def _link(original: _Lease, backup: _Lease) -> None:
+        original.pair = backup.pair = _Pair(original.offset,
+                                            max(original.offset + original.applied,
+                                                backup.offset + backup.applied))
+        original.partner, backup.partner = backup.lease_id, original.lease_id
+        backup.backup_of = original.lease_id
+
+    def _drop(self, lease: _Lease, keep: Optional[_Lease] = None) -> None:
+        """A paired lease ends without giving anything back (its partner covers the
+        rest, or finished the shard); ``keep``, the partner, goes on alone."""
+        run = self._runs[lease.dataset]
+        run.doing.pop(lease.lease_id, None)
+        self._tasks[lease.task_key].leases.discard(lease.lease_id)
+        if keep is not None:
+            keep.partner = 0
+
     def _release_all(self, t: _Task) -> None:
         for lease_id in sorted(t.leases):
             for run in self._runs.values():
-                lease = run.doing.pop(lease_id, None)
+                lease = run.doing.get(lease_id)
                 if lease is not None:
-                    self._give_back(run, lease, count_failure=True)
+                    partner = run.doing.get(lease.partner) if lease.partner else None
+                    if partner is not None:
+                        self._drop(lease, keep=partner)
+                    else:
+                        del run.doing[lease_id]
+                        self._give_back(run, lease, count_failure=True)
                     t.failures += 1
                     self._maybe_next_epoch(run)
                     break
@@ -741,6 +845,7 @@ class ShardState:
         run.start_epoch()
 
     def _apply_restore(self, state: pb.ShardingState, now: float):
+        self._unconfirmed_steals.clear()
         # Leases finished after the snapshot are undone: a repeated DONE for one of them
         # must not be answered DUPLICATE (as if it still counted).
         for t in self._tasks.values():
@@ -763,12 +868,17 @@ class ShardState:
             run.order = run.plan.order(run.epoch)
         run.records_done_epoch = ds.records_done_epoch
         run.stolen_leases = ds.stolen_leases
+        run.backup_leases = ds.backup_leases
         run.records_done_total = ds.records_done_total
         run.seconds_per_record = ds.seconds_per_record
         for r in list(ds.requeued) + list(ds.doing) + list(ds.poisoned) + list(ds.failure_counts):
             if r.failures:
                 run.failures[r.shard_id] = r.failures
         run.requeue.extend((r.shard_id, r.offset) for r in ds.requeued)
+        # a lease and its duplicate: the shard is TODO once, from as far as both got
+        reach: dict[int, int] = {}
+        for r in ds.doing:
+            reach[r.shard_id] = max(reach.get(r.shard_id, 0), r.offset + r.applied)
         for r in ds.doing:
             if keep_doing:
                 t = self._tasks[f"{r.holder.type}:{r.holder.index}"]
@@ -780,9 +890,15 @@ class ShardState:
                 run.doing[lease.lease_id] = lease
                 t.leases.add(lease.lease_id)
                 heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id, run.spec.name))
-            elif r.offset + r.applied < run.plan.shard_length(r.shard_id):
-                run.requeue.append((r.shard_id, r.offset + r.applied))
+            elif r.backup_of:
+                continue
+            elif reach[r.shard_id] < run.plan.shard_length(r.shard_id):
+                run.requeue.append((r.shard_id, reach[r.shard_id]))
             # else: every record was trained before the snapshot; the shard is DONE
+        if keep_doing:
+            for r in ds.doing:
+                if r.backup_of:
+                    self._link(run.doing[r.backup_of], run.doing[r.lease_id])
         run.poisoned.update((r.shard_id, r.offset) for r in ds.poisoned)
         self._maybe_next_epoch(run)  # a DOING shard may have been fully trained already
         return run
@@ -814,13 +930,25 @@ class ShardState:
                                or max(lease_ids, default=0) >= state.next_lease_id):
                 raise InvalidRequest(f"{where}: lease ids of DOING shards are not unique "
                                      "and below next_lease_id")
+            doing_by_id = {r.lease_id: r for r in ds.doing}
+            for r in ds.doing:
+                if r.backup_of:
+                    orig = doing_by_id.get(r.backup_of)
+                    if (orig is None or orig.backup_of or orig.shard_id != r.shard_id
+                            or orig is r or not spec.backup_leases or sum(
+                                o.backup_of == r.backup_of for o in ds.doing) != 1):
+                        raise InvalidRequest(f"{where}: lease {r.lease_id} duplicates lease "
+                                             f"{r.backup_of}, which is not a DOING lease of "
+                                             "its shard without another duplicate")
             groups = (("requeued", ds.requeued), ("doing", ds.doing), ("poisoned", ds.poisoned),
                       ("failure_counts", ds.failure_counts))
             for group, items in groups:
                 for r in items:
                     if not 0 <= r.shard_id < plan.num_shards:
                         raise InvalidRequest(f"{where}: {group} shard {r.shard_id} out of range")
-                    if r.shard_id in seen:
+                    if group == "doing" and r.backup_of:
+                        pass      # its original lists the shard (checked above)
+                    elif r.shard_id in seen:
                         raise InvalidRequest(f"{where}: shard {r.shard_id} is listed twice")
                     seen.add(r.shard_id)
                     if group != "failure_counts" and not (

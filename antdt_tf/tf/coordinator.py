@@ -142,10 +142,12 @@ def main(argv):
         trainer.on_checkpoint = ckpt.save
     try:
         result = trainer.train()
-    except tf.errors.UnavailableError as e:
-        # A PS (or every worker) is gone: this strategy cannot continue. Exit with
-        # EX_TEMPFAIL so the supervisor relaunches once the task is back; the relaunch
-        # restores model and sharding state from the last shard-boundary checkpoint.
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+        # A PS (or every worker) is gone — or was replaced: a PS that came back at its
+        # address (ReplacePs) answers with AbortedError "expects a different device
+        # incarnation". This strategy cannot continue. Exit with EX_TEMPFAIL so the
+        # supervisor relaunches once the task is back; the relaunch restores model and
+        # sharding state from the last shard-boundary checkpoint.
         _leave(EXIT_CLUSTER_UNAVAILABLE, f"cluster task unavailable, relaunch me: {e}")
     except Exception as e:  # the binary's top level: report, then leave (see _leave)
         logging.exception("training failed")

@@ -366,7 +366,11 @@ class PullTrainer(WorkerCounters):
                     last_ckpt = time.monotonic()
                 if self.progress_fn().finished:
                     break
-                slots.acquire()
+                # wait for a free slot, but not longer than the progress period: the
+                # reports carry the PS probes, and the Monitor needs them regularly also
+                # when every closure is slow (a slow PS slows them all)
+                if not slots.acquire(timeout=self.progress_seconds):
+                    continue
                 pool.submit(settle, self.coordinator.schedule(self._train, args=(iterator,)))
         self.coordinator.join()
         if errors:
