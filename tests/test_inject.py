@@ -66,6 +66,8 @@ def test_placement_spreads_ps_and_workers_over_hosts():
     ("--policy=no_such_module:P", "cannot load policy"),
     ("--straggler_slow_ratio=0.5", "slow_ratio must be > 1"),
     ("--api=mts --policy=static", "needs --api=custom_loop"),
+    ("--mode=bsp --policy=backup", "(backup workers) needs a trainer"),
+    ("--api=keras --policy=backup", "(backup workers) needs a trainer"),
     ("--api=mts --inject=kill:ps:0@1s", "is not supported"),
     ("--api=estimator --estimator_python=/nonexistent/python", "needs TF 2.15's venv"),
 ])

@@ -500,13 +500,14 @@ def test_tail_stealing_takes_the_rest_of_a_slow_workers_lease_one_batch_ahead():
     assert [t.failures for t in state.progress("train").tasks] == [0, 0]
 
 
-def _backup_setup(records=400):
+def _slow_holder(records=400, **spec):
     """worker 0 slow (0.1 s/record), worker 1 fast (0.01 s/record); worker 0 holds a
-    lease with 20 of 100 records reported, nothing else TODO."""
+    lease with 20 of 100 records reported (batches of 10), nothing else TODO.
+    ``spec``: DatasetSpec options (backup_leases / tail_stealing)."""
     clock = Clock()
     state = ShardState(LeaseConfig(), clock=clock)
     state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=records,
-                                       backup_leases=True))
+                                       **spec))
     slow, fast = W(0), W(1)
     a = state.get_shard("train", slow).shard
     clock.now += 10
@@ -522,7 +523,7 @@ def _backup_setup(records=400):
 
 
 def test_a_backup_lease_duplicates_the_rest_and_the_first_finisher_wins():
-    state, clock, slow, fast, held = _backup_setup()
+    state, clock, slow, fast, held = _slow_holder(backup_leases=True)
     dup = state.get_shard("train", fast)
     assert dup.status == SHARD                       # a duplicate from the last report on
     assert (dup.shard.shard_id, dup.shard.start, dup.shard.length) == (
@@ -542,14 +543,14 @@ def test_a_backup_lease_duplicates_the_rest_and_the_first_finisher_wins():
 
 
 def test_the_original_may_finish_first_and_a_dead_partner_loses_nothing():
-    state, clock, slow, fast, held = _backup_setup()
+    state, clock, slow, fast, held = _slow_holder(backup_leases=True)
     dup = state.get_shard("train", fast).shard
     report(state, held, slow)                        # the original wins this time
     with pytest.raises(LeaseNotHeld):
         report(state, dup, fast, PROGRESS, records=10)
     assert progress(state).finished and progress(state).records_done_epoch == 400
     # the original's holder dies: the duplicate covers the rest, nothing goes back TODO
-    state, clock, slow, fast, held = _backup_setup()
+    state, clock, slow, fast, held = _slow_holder(backup_leases=True)
     dup = state.get_shard("train", fast).shard
     report(state, dup, fast, PROGRESS, records=50)  # reaches record 70 of the shard
     state.report_task_failure(slow)
@@ -563,7 +564,7 @@ def test_the_original_may_finish_first_and_a_dead_partner_loses_nothing():
 
 
 def test_backup_pairs_survive_snapshot_load_and_restore():
-    state, clock, slow, fast, held = _backup_setup()
+    state, clock, slow, fast, held = _slow_holder(backup_leases=True)
     dup = state.get_shard("train", fast).shard
     report(state, dup, fast, PROGRESS, records=30)
     snap = state.snapshot()
@@ -591,21 +592,7 @@ def test_a_checkpoint_does_not_claim_a_stolen_leases_unreported_batch():
     """The steal counts the holder's batch in flight as applied. A checkpoint taken with
     no step in flight before the holder reported that batch (it waited in the holder's
     pipeline while the trainer drained) must not: restored, that batch is TODO again."""
-    clock = Clock()
-    state = ShardState(LeaseConfig(), clock=clock)
-    state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=400,
-                                       tail_stealing=True))
-    slow, fast = W(0), W(1)
-    a = state.get_shard("train", slow).shard
-    clock.now += 10
-    report(state, a, slow)
-    b = state.get_shard("train", slow).shard
-    for _ in range(2):
-        c = state.get_shard("train", fast).shard
-        clock.now += 1
-        report(state, c, fast)
-    report(state, b, slow, PROGRESS, records=10)
-    report(state, b, slow, PROGRESS, records=20)
+    state, clock, slow, fast, b = _slow_holder(tail_stealing=True)
     stolen = state.get_shard("train", fast).shard
     assert stolen.start == b.start + 30
     ckpt = state.snapshot(for_checkpoint=True, with_tasks=False)

@@ -226,10 +226,14 @@ def test_static_sharding_replays_exactly(tmp_path, snapshot_every):
     store2.close()
 
 
-def test_a_steal_replays_exactly(tmp_path):
+@pytest.mark.parametrize("option,counter,offset", [
+    ("tail_stealing", "stolen_leases", 30),    # the rest after the batch in flight
+    ("backup_leases", "backup_leases", 20),    # a duplicate from the last report on
+])
+def test_a_steal_or_a_backup_lease_replays_exactly(tmp_path, option, counter, offset):
     state, store = fresh(tmp_path)
     state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=300,
-                                       tail_stealing=True))
+                                       **{option: True}))
     slow, fast = W(0), W(1)
     work(state, 1, task=fast)
     held = state.get_shard("train", slow).shard
@@ -242,7 +246,7 @@ def test_a_steal_replays_exactly(tmp_path):
     state._runs["train"].doing[held.lease_id].issued_at -= 100.0
     state._tasks["worker:1"].seconds_per_record = 0.01
     rest = state.get_shard("train", fast).shard
-    assert (rest.shard_id, rest.start) == (held.shard_id, held.start + 30)
+    assert (rest.shard_id, rest.start) == (held.shard_id, held.start + offset)
     # (the poked times above are not journaled: compare the datasets, not the tasks)
     datasets = lambda st: st.snapshot(with_tasks=False).SerializeToString(  # noqa: E731
         deterministic=True)
@@ -250,30 +254,5 @@ def test_a_steal_replays_exactly(tmp_path):
     simulate_kill(store)
     state2, store2, _ = reopen(tmp_path, store)
     assert datasets(state2) == before
-    assert state2.progress("train").datasets[0].stolen_leases == 1
-    store2.close()
-
-
-def test_a_backup_lease_replays_exactly(tmp_path):
-    state, store = fresh(tmp_path)
-    state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=300,
-                                       backup_leases=True))
-    slow, fast = W(0), W(1)
-    work(state, 1, task=fast)
-    held = state.get_shard("train", slow).shard
-    work(state, 1, task=fast)
-    state.report_shard(pb.ReportShardRequest(
-        dataset="train", task=slow, lease_id=held.lease_id, shard_id=held.shard_id,
-        outcome=PROGRESS, records_processed=10))
-    state._runs["train"].doing[held.lease_id].issued_at -= 100.0
-    state._tasks["worker:1"].seconds_per_record = 0.01
-    dup = state.get_shard("train", fast).shard
-    assert (dup.shard_id, dup.start) == (held.shard_id, held.start + 10)
-    datasets = lambda st: st.snapshot(with_tasks=False).SerializeToString(  # noqa: E731
-        deterministic=True)
-    before = datasets(state)
-    simulate_kill(store)
-    state2, store2, _ = reopen(tmp_path, store)
-    assert datasets(state2) == before
-    assert state2.progress("train").datasets[0].backup_leases == 1
+    assert getattr(state2.progress("train").datasets[0], counter) == 1
     store2.close()
