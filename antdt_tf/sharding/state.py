@@ -123,12 +123,12 @@ def validate_task(task: pb.TaskId) -> None:
 class _Pair:
     """A lease and its speculative duplicate (backup leases): the duplicate starts where
     the original's last report left it, so together they cover [start, end) of the shard
-    without a gap; records are counted once, by how far the union reaches."""
+    without a gap; records are counted once, by how far the two together reach (``end``)."""
 
-    __slots__ = ("start", "end")
+    __slots__ = ("end",)
 
-    def __init__(self, start: int, end: int):
-        self.start, self.end = start, end
+    def __init__(self, end: int):
+        self.end = end
 
 
 class _Lease:
@@ -800,8 +800,7 @@ class ShardState:
 
     @staticmethod
     def _link(original: _Lease, backup: _Lease) -> None:
-        original.pair = backup.pair = _Pair(original.offset,
-                                            max(original.offset + original.applied,
+        original.pair = backup.pair = _Pair(max(original.offset + original.applied,
                                                 backup.offset + backup.applied))
         original.partner, backup.partner = backup.lease_id, original.lease_id
         backup.backup_of = original.lease_id
