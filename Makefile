@@ -96,7 +96,7 @@ bench-peer: $(STAMP)
 	$(PY) -m benchmarks.dataservice_peer --out benchmarks/results/dataservice_peer.md
 
 bench-compare: $(STAMP)
-	$(PY) -m benchmarks.compare_pss --rounds=3 --out benchmarks/results/compare_pss.md
+	$(PY) -m benchmarks.compare_pss --rounds=5 --setups=abcs --out benchmarks/results/compare_pss.md
 
 protos: $(PROTOC_STAMP)
 	$(PROTOC_VENV)/bin/python tools/gen_protos.py

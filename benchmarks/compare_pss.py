@@ -42,6 +42,13 @@ Setups
     coordinator all real processes; the straggler is the agent's own CpuThrottle from
     the first leased shard on). Dynamic sharding through the master.
 
+(s) **diagnosis — TF2 PSS itself**: (a)'s chief with ``--static_thirds``: each worker
+    reads only its contiguous third (the same seek as (b)), and closures run (c)'s own
+    loop (16 steps per closure, one ``tf.cond`` around the step, the same DeepFM step and
+    audit) — but no master, no leases, no reports, no checkpoints. (s) vs (b) is what the
+    platform (ParameterServerStrategy's remote functions vs TF1 graph sessions) costs;
+    (c) vs (s) is what antdt-tf adds on top.
+
 Definitions
 -----------
 * **JCT** — the training phase only, no process start-up, no TF import:
@@ -148,6 +155,12 @@ def vanilla_chief(args) -> None:
     path = args.data
 
     def dataset_fn():
+        if args.static_thirds:   # (s): this worker's contiguous third, read by the seek
+            i = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
+                        tf.int64)
+            start, end = n * i // workers, n * (i + 1) // workers
+            return tf.data.Dataset.zip((records_from(path, start).take(end - start),
+                                        tf.data.Dataset.range(start, end))).batch(b)
         # the same function on every worker: the whole file, shuffled, repeated
         raw = tf.data.TFRecordDataset(path).skip(1)   # record 0 is the .adtr header
         ids = tf.data.Dataset.range(n)
@@ -156,6 +169,9 @@ def vanilla_chief(args) -> None:
 
     per_worker = coordinator.create_per_worker_dataset(dataset_fn)
     it = iter(per_worker)
+    if args.static_thirds:
+        return _static_thirds_loop(args, tf, strategy, coordinator, model, it, w_records,
+                                   w_last, sync, workers)
 
     @tf.function
     def step(iterator):
@@ -184,6 +200,64 @@ def vanilla_chief(args) -> None:
     pathlib.Path(args.result).write_text(json.dumps(result))
     sys.stdout.flush()
     os._exit(0)   # ClusterCoordinator's teardown can linger; everything is written
+
+
+def _static_thirds_loop(args, tf, strategy, coordinator, model, it, w_records, w_last, sync,
+                        workers, steps_per_closure: int = 16) -> None:
+    """Setup (s): antdt-tf's closure loop (many steps per closure, the same step) on
+    static thirds, without the master: what ParameterServerStrategy itself costs."""
+    from antdt_tf.tf.reader import decode_records
+
+    @tf.function
+    def steps(iterator):
+        w = tf.reshape(tf.cast(
+            tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64), [1])
+
+        def replica_fn(raw, ids):
+            model.train_step(decode_records(raw), ids)
+            n = tf.shape(ids, out_type=tf.int64)
+            w_records.scatter_add(tf.IndexedSlices(n, w))
+            return n[0]
+
+        spec = iterator.element_spec
+
+        def nothing():
+            return tf.nest.map_structure(
+                lambda t: tf.zeros([0 if d is None else d for d in t.shape], t.dtype), spec)
+
+        def body(i, more, trained):   # the loop of PullTrainer._train_fn, minus reports
+            batch = iterator.get_next_as_optional()
+            raw, ids = tf.cond(batch.has_value(), batch.get_value, nothing)
+            n = tf.shape(ids, out_type=tf.int64)[0]
+            stepped = tf.cond(n > 0, lambda: strategy.run(replica_fn, args=(raw, ids)),
+                              lambda: tf.constant(0, tf.int64))
+            return i + 1, n > 0, trained + stepped
+
+        _, _, trained = tf.while_loop(lambda i, more, t: tf.logical_and(i < steps_per_closure, more),
+                                      body, [tf.constant(0), tf.constant(True),
+                                             tf.constant(0, tf.int64)])
+        if trained > 0:
+            w_last.scatter_update(tf.IndexedSlices(tf.reshape(tf.timestamp(), [1]), w))
+        return trained
+
+    _touch(sync / "ready_chief")
+    t_go = _wait_file(sync / "go")
+    cpu0 = time.process_time()
+    window, done, queue = 2 * workers, 0, []
+    while done < args.records:   # closures on a worker whose third is done return 0
+        while len(queue) < window:
+            queue.append(coordinator.schedule(steps, args=(it,)))
+        done += int(queue.pop(0).fetch())
+    coordinator.join()
+    t_end = time.time()
+    cpu = time.process_time() - cpu0
+    result = {"t_go": t_go, "t_end": t_end, "coordinator_cpu": cpu,
+              "records_per_worker": w_records.numpy().tolist(),
+              "last_step_time": w_last.numpy().tolist(),
+              "audit": _audit(_read_whole(tf, model.applied))}
+    pathlib.Path(args.result).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)
 
 
 # ---------------------------------------------------------------------------- (b) TF1 worker
@@ -308,7 +382,7 @@ def _ideal(total: int, per_worker_records, busy) -> tuple[float, list[float]]:
     return total / sum(rates), rates
 
 
-def run_vanilla(work: pathlib.Path, args, straggler: bool) -> dict:
+def run_vanilla(work: pathlib.Path, args, straggler: bool, static_thirds: bool = False) -> dict:
     from antdt_tf.agent.throttle import CpuThrottle
     from antdt_tf.tf.local_cluster import LocalCluster
 
@@ -318,7 +392,7 @@ def run_vanilla(work: pathlib.Path, args, straggler: bool) -> dict:
     with LocalCluster(num_ps=1, num_workers=NUM_WORKERS, log_dir=work) as cluster:
         cmd = [sys.executable, "-m", "benchmarks.compare_pss", "--role=vanilla_chief",
                f"--cluster={cluster.spec_json}", f"--sync_dir={sync}", f"--result={result}",
-               *_model_flags(args)]
+               *_model_flags(args)] + (["--static_thirds"] if static_thirds else [])
         with open(work / "chief.log", "ab") as log:
             chief = subprocess.Popen(cmd, env=_env(), start_new_session=True,
                                      stdout=log, stderr=log)
@@ -493,6 +567,10 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
 SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
           "b": ("(b) TF1 static thirds", run_tf1),
           "c": ("(c) antdt-tf", run_antdt),
+          # diagnosis: what ParameterServerStrategy itself costs — (c)'s closure loop
+          # (16 steps per closure, the same step) on static thirds, no master, no reports
+          "s": ("(s) TF2 PSS static thirds", lambda work, args, straggler: run_vanilla(
+              work, args, straggler, static_thirds=True)),
           # diagnosis: (c) without its periodic checkpoints, which drain every closure in
           # flight (so the fast workers wait for the straggler's current closure)
           "d": ("(c') antdt-tf, no periodic ckpt",
@@ -514,6 +592,8 @@ def write_results(args, results: dict, started: str) -> None:
 
     cmd = (f"python -m benchmarks.compare_pss --rounds={args.rounds} --records={args.records} "
            f"--setups={args.setups} --out={args.out}")
+    if args.stragglers != "both":
+        cmd = cmd.replace(" --out", f" --stragglers={args.stragglers} --out")
     lines = [
         f"# vanilla TF2 PSS vs TF1 static sharding vs antdt-tf ({started}; 2 cores, 1 PS + 3 "
         f"workers, DeepFM {args.buckets:,} buckets, SGD lr {args.learning_rate:g}, "
@@ -567,6 +647,13 @@ def write_results(args, results: dict, started: str) -> None:
         f"{med_jct('c', True) / med_jct('c', False):.2f}"]
     if set("abc") <= set(args.setups):
         lines += ratio_lines
+    if set("bcs") <= set(args.setups):
+        lines.append(
+            f"- what the platform costs: (s) TF2 PSS static thirds, no antdt-tf, throughput "
+            f"without straggler vs (b): {med_rps('s', False) / med_rps('b', False):.2f}x; "
+            f"what antdt-tf costs on top of it: (c) vs (s): "
+            f"{med_rps('c', False) / med_rps('s', False):.2f}x; JCT (s)/(b) with the "
+            f"straggler: {med_jct('s', True) / med_jct('b', True):.2f}")
     if set("cd") <= set(args.setups):
         lines.append(f"- JCT (c)/(c') with the straggler: "
                      f"{med_jct('c', True) / med_jct('d', True):.2f}, without: "
@@ -593,12 +680,16 @@ def main():
     ap.add_argument("--records_per_shard", type=int, default=2048)
     ap.add_argument("--shuffle_buffer", type=int, default=10_000)
     ap.add_argument("--slowdown", type=float, default=4.0)
-    ap.add_argument("--setups", default="abc", help="which setups to run, e.g. 'ac'")
+    ap.add_argument("--setups", default="abc", help="which setups to run, e.g. 'ac' (s: the "
+                    "diagnostic TF2 PSS static-thirds loop, d: (c) without periodic checkpoints)")
+    ap.add_argument("--stragglers", default="both", choices=["both", "none", "only"],
+                    help="run each setup without the straggler, with it, or both")
     ap.add_argument("--out", default="benchmarks/results/compare_pss.md")
     ap.add_argument("--workdir", default="", help="default: a new temp dir (kept)")
     # internal: the processes this benchmark starts
     ap.add_argument("--role", default="driver", choices=["driver", "vanilla_chief", "tf1_worker"])
     ap.add_argument("--data", default="")
+    ap.add_argument("--static_thirds", action="store_true")
     ap.add_argument("--cluster", default="")
     ap.add_argument("--index", type=int, default=0)
     ap.add_argument("--sync_dir", default="")
@@ -619,7 +710,7 @@ def main():
     started = time.strftime("%Y-%m-%d")
     results = {(k, s): [] for s in (False, True) for k in args.setups}
     for rnd in range(args.rounds):
-        for straggler in (False, True):
+        for straggler in {"both": (False, True), "none": (False,), "only": (True,)}[args.stragglers]:
             for key in args.setups:
                 run_dir = work / f"r{rnd}-{key}-{'slow' if straggler else 'none'}"
                 run_dir.mkdir()

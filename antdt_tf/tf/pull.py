@@ -305,25 +305,36 @@ class PullTrainer(WorkerCounters):
                 tf.reshape(tf.stack([records, finished]), [1, 2]), worker))
             return rejected
 
-        # batches never span leases: one lease id per batch
-        refused = tf.reshape(tf.gather(self._refused_lease, worker), [])
-        stepped = tf.constant(False)
-        for _ in tf.range(self.steps_per_closure):
+        # One tf.cond holds every PS op of a step. The function runs partitioned over the
+        # worker and the PS, and each predicate that guards a PS op is one more tensor
+        # the PS has to receive from the worker per step (AutoGraph's break/continue nest
+        # one cond per statement: measured ≈ 10 % more CPU for the same job).
+        spec = iterator.element_spec
+
+        def nothing():   # a batch without records (the iterator is exhausted)
+            return tf.nest.map_structure(
+                lambda t: tf.zeros([0 if d is None else d for d in t.shape], t.dtype), spec)
+
+        def body(i, more, refused, stepped):
             batch = iterator.get_next_as_optional()
-            if not batch.has_value():
-                break
-            value = batch.get_value()
-            if tf.equal(tf.shape(value["label"])[0], 0):
-                break    # the master has nothing for this worker now: end the closure
-            lease = value["antdt"]["lease"][0]
-            if tf.equal(lease, refused):
-                continue   # not ours any more: another worker trains these records
-            rejected = self.strategy.run(replica_fn, args=(value, worker))
-            if rejected > 0:
-                refused = lease
-                self._refused_lease.scatter_update(tf.IndexedSlices(
-                    tf.reshape(lease, [1]), worker))
-            stepped = tf.constant(True)
+            has = batch.has_value()
+            value = tf.cond(has, batch.get_value, nothing)
+            # no records: the end, or the master has nothing for this worker now (a WAIT
+            # marker): end the closure
+            n = tf.shape(value["label"])[0]
+            lease = tf.reduce_max(value["antdt"]["lease"])   # batches never span leases
+            # a refused lease is not ours any more: another worker trains its records
+            train = tf.logical_and(n > 0, tf.not_equal(lease, refused))
+            rejected = tf.cond(train, lambda: self.strategy.run(replica_fn, args=(value, worker)),
+                               lambda: tf.constant(0, tf.int64))
+            refused = tf.where(rejected > 0, lease, refused)
+            return i + 1, n > 0, refused, tf.logical_or(stepped, train)
+
+        _, _, refused, stepped = tf.while_loop(
+            lambda i, more, refused, stepped: tf.logical_and(i < self.steps_per_closure, more),
+            body, [tf.constant(0), tf.constant(True),
+                   tf.reshape(tf.gather(self._refused_lease, worker), []), tf.constant(False)])
+        self._refused_lease.scatter_update(tf.IndexedSlices(tf.reshape(refused, [1]), worker))
         if stepped:   # when this worker finished a step last (its clock): busy time
             self._worker_last_step.scatter_update(tf.IndexedSlices(
                 tf.reshape(tf.timestamp(), [1]), worker))
