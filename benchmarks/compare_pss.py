@@ -48,6 +48,11 @@ Setups
     audit) — but no master, no leases, no reports, no checkpoints. (s) vs (b) is what the
     platform (ParameterServerStrategy's remote functions vs TF1 graph sessions) costs;
     (c) vs (s) is what antdt-tf adds on top.
+(m) **antdt-tf's TF1 path**: (c)'s launcher with ``--api=mts``: the same master, dynamic
+    sharding, per-step reports and audit, but every worker a TF1 between-graph
+    ``MonitoredTrainingSession`` with the antdt SessionRunHooks (worker 0 the chief; no
+    ParameterServerStrategy, no coordinator), i.e. (b)'s platform fed by antdt-tf.
+    Its "coordinator CPU" is not measured (there is none).
 
 Definitions
 -----------
@@ -500,7 +505,8 @@ def _find(procs, needle: str):
     return None
 
 
-def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float = 10.0) -> dict:
+def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float = 10.0,
+              api: str = "custom_loop") -> dict:
     import psutil
 
     from antdt_tf.errors import AntdtError
@@ -513,7 +519,7 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
            f"--batch_size={args.batch_size}", f"--buckets={args.buckets}",
            f"--learning_rate={args.learning_rate}", "--audit", f"--report_json={report}",
            f"--workdir={work / 'job'}", "--noprogress",
-           f"--checkpoint_every_seconds={checkpoint_every}"]
+           f"--checkpoint_every_seconds={checkpoint_every}", f"--api={api}"]
     if straggler:
         cmd.append(f"--inject=slow:worker:2:x{args.slowdown:g}@0s")
     with open(work / "launch.log", "ab") as log:
@@ -584,6 +590,10 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
 SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
           "b": ("(b) TF1 static thirds", run_tf1),
           "c": ("(c) antdt-tf", run_antdt),
+          # antdt-tf's TF1 path: the same master and sharding, MonitoredTrainingSession
+          # workers with the antdt SessionRunHooks (no ParameterServerStrategy)
+          "m": ("(m) antdt-tf, TF1 MTS hooks", lambda work, args, straggler: run_antdt(
+              work, args, straggler, api="mts")),
           # diagnosis: what ParameterServerStrategy itself costs — (c)'s closure loop
           # (16 steps per closure, the same step) on static thirds, no master, no reports
           "s": ("(s) TF2 PSS static thirds", lambda work, args, straggler: run_vanilla(
@@ -641,7 +651,8 @@ def write_results(args, results: dict, started: str) -> None:
         lines.append(
             f"| {name} | {'worker 2 x' + format(args.slowdown, 'g') if straggler else 'none'} | "
             f"{_med(runs, 'jct'):.2f} | {rps:,.0f} | {_med(runs, 'ideal'):.2f} | {ratio:.2f} | "
-            f"{_med(runs, 'coord_cpu'):.2f}{' (chief worker)' if key == 'b' else ''} | "
+            f"{'—' if key == 'm' else format(_med(runs, 'coord_cpu'), '.2f')}"
+            f"{' (chief worker)' if key == 'b' else ''} | "
             f"{' / '.join(f'{x:,}' for x in per)} | "
             f"{aud['applied_0']:,} / {aud['applied_1']:,} / {aud['applied_2plus']:,} |")
     lines.append("")
@@ -671,6 +682,11 @@ def write_results(args, results: dict, started: str) -> None:
             f"what antdt-tf costs on top of it: (c) vs (s): "
             f"{med_rps('c', False) / med_rps('s', False):.2f}x; JCT (s)/(b) with the "
             f"straggler: {med_jct('s', True) / med_jct('b', True):.2f}")
+    if set("bm") <= set(args.setups):
+        lines.append(
+            f"- antdt-tf's TF1 path: JCT (m)/(b) with the straggler: "
+            f"{med_jct('m', True) / med_jct('b', True):.2f}; (m) throughput without "
+            f"straggler vs (b): {med_rps('m', False) / med_rps('b', False):.2f}x")
     if set("cd") <= set(args.setups):
         lines.append(f"- JCT (c)/(c') with the straggler: "
                      f"{med_jct('c', True) / med_jct('d', True):.2f}, without: "
