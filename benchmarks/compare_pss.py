@@ -227,6 +227,7 @@ def _static_thirds_loop(args, tf, strategy, coordinator, model, it, w_records, w
                         workers, steps_per_closure: int = 16) -> None:
     """Setup (s): antdt-tf's closure loop (many steps per closure, the same step) on
     static thirds, without the master: what ParameterServerStrategy itself costs."""
+    from antdt_tf.tf.pull import no_records
     from antdt_tf.tf.reader import decode_records
 
     @tf.function
@@ -240,15 +241,10 @@ def _static_thirds_loop(args, tf, strategy, coordinator, model, it, w_records, w
             w_records.scatter_add(tf.IndexedSlices(n, w))
             return n[0]
 
-        spec = iterator.element_spec
-
-        def nothing():
-            return tf.nest.map_structure(
-                lambda t: tf.zeros([0 if d is None else d for d in t.shape], t.dtype), spec)
-
         def body(i, more, trained):   # the loop of PullTrainer._train_fn, minus reports
             batch = iterator.get_next_as_optional()
-            raw, ids = tf.cond(batch.has_value(), batch.get_value, nothing)
+            raw, ids = tf.cond(batch.has_value(), batch.get_value,
+                               lambda: no_records(iterator.element_spec))
             n = tf.shape(ids, out_type=tf.int64)[0]
             stepped = tf.cond(n > 0, lambda: strategy.run(replica_fn, args=(raw, ids)),
                               lambda: tf.constant(0, tf.int64))

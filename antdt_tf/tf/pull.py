@@ -170,6 +170,13 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     return leases.flat_map(shard_batches)
 
 
+def no_records(spec):
+    """A batch of ``spec``'s structure without records: what a closure loop trains on
+    (nothing) when its iterator is exhausted, so one ``tf.cond`` can guard the step."""
+    return tf.nest.map_structure(
+        lambda t: tf.zeros([0 if d is None else d for d in t.shape], t.dtype), spec)
+
+
 def run_step(step_fn, *args):
     """Calls ``step_fn(*args)`` while a graph function is built and returns
     ``(result, effects)``: every stateful op the step created.
@@ -309,16 +316,10 @@ class PullTrainer(WorkerCounters):
         # worker and the PS, and each predicate that guards a PS op is one more tensor
         # the PS has to receive from the worker per step (AutoGraph's break/continue nest
         # one cond per statement: measured ≈ 10 % more CPU for the same job).
-        spec = iterator.element_spec
-
-        def nothing():   # a batch without records (the iterator is exhausted)
-            return tf.nest.map_structure(
-                lambda t: tf.zeros([0 if d is None else d for d in t.shape], t.dtype), spec)
-
         def body(i, more, refused, stepped):
             batch = iterator.get_next_as_optional()
             has = batch.has_value()
-            value = tf.cond(has, batch.get_value, nothing)
+            value = tf.cond(has, batch.get_value, lambda: no_records(iterator.element_spec))
             # no records: the end, or the master has nothing for this worker now (a WAIT
             # marker): end the closure
             n = tf.shape(value["label"])[0]
