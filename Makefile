@@ -7,7 +7,7 @@ STAMP := $(VENV)/.antdt-installed
 PROTOC_VENV := .venv-protoc
 PROTOC_STAMP := $(PROTOC_VENV)/.installed
 
-.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-scenarios bench-peer protos bazel-test clean
+.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-step-cost bench-scenarios bench-peer protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -97,6 +97,9 @@ bench-peer: $(STAMP)
 
 bench-compare: $(STAMP)
 	$(PY) -m benchmarks.compare_pss --rounds=5 --setups=abcs --out benchmarks/results/compare_pss.md
+
+bench-step-cost: $(STAMP)
+	$(PY) -m benchmarks.step_cost --rounds=24 --out benchmarks/results/step_cost.md
 
 protos: $(PROTOC_STAMP)
 	$(PROTOC_VENV)/bin/python tools/gen_protos.py

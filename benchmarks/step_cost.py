@@ -1,0 +1,211 @@
+"""What one training step of the pull path costs, part by part (CPU per step, per process).
+
+Usage::
+
+    python -m benchmarks.step_cost [--rounds=24] [--out=benchmarks/results/step_cost.md]
+
+One real job on this machine: a master (``antdt_tf.master``), 1 PS and 1 worker
+(``antdt-tf-server``) and this process as the chief, DeepFM on a generated record file,
+batch ``--batch_size``, closures of ``--steps_per_closure`` steps on the worker's pulled
+dataset (``pull_dataset``). Variants, each a closure function, scheduled one at a time
+and **interleaved** (A B C, C B A, ...) so that the machine's drift hits them alike:
+
+``antdt``     ``PullTrainer``'s own closure function: step, per-worker counters, and the
+              report to the master after every step (what bounds a failure to one batch).
+``no_report`` the same loop and counters without the report (its leases are never
+              reported: only a cost probe).
+``bare``      the same loop, the step alone.
+
+Per closure it takes the CPU time of the worker, PS, master and chief processes (psutil,
+10 ms ticks: means over ``--rounds`` closures) and the wall time. Differences between
+rows are what a part costs: ``antdt - no_report`` = the report (worker RPC client,
+master, and the PS waiting on it), ``no_report - bare`` = the counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+NUM_PS, NUM_WORKERS = 1, 1
+PARTS = ("worker", "ps", "master", "chief")
+
+
+def _loop(tf, strategy, model, counters, steps_per_closure: int, counts: bool):
+    """PullTrainer's closure loop without the report (and without the counters)."""
+    from antdt_tf.tf.pull import batch_counts, no_records
+
+    @tf.function
+    def closure(iterator):
+        worker = tf.reshape(tf.cast(
+            tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64), [1])
+
+        def replica_fn(batch, worker):
+            meta = batch.pop("antdt")
+            ids = batch.pop("record_id")
+            if counts:
+                counters.scatter_add(tf.IndexedSlices(
+                    tf.reshape(batch_counts(meta), [1, 2]), worker))
+            model.train_step(batch, ids)
+            return tf.constant(0, tf.int64)
+
+        def body(i, more):
+            batch = iterator.get_next_as_optional()
+            value = tf.cond(batch.has_value(), batch.get_value,
+                            lambda: no_records(iterator.element_spec))
+            n = tf.shape(value["label"])[0]
+            tf.cond(n > 0, lambda: strategy.run(replica_fn, args=(value, worker)),
+                    lambda: tf.constant(0, tf.int64))
+            return i + 1, n > 0
+
+        tf.while_loop(lambda i, more: tf.logical_and(i < steps_per_closure, more), body,
+                      [tf.constant(0), tf.constant(True)])
+    return closure
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=24, help="closures per variant")
+    ap.add_argument("--batch_size", type=int, default=256)
+    ap.add_argument("--steps_per_closure", type=int, default=16)
+    ap.add_argument("--buckets", type=int, default=1 << 16)
+    ap.add_argument("--records_per_shard", type=int, default=2048)
+    ap.add_argument("--out", default="benchmarks/results/step_cost.md")
+    args = ap.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    import psutil
+
+    from antdt_tf.data import criteo, records
+    from antdt_tf.sharding.client import ShardingClient
+    from antdt_tf.sharding.plan import DataFile, DatasetSpec
+    from antdt_tf.tf.local_cluster import LocalCluster
+
+    variants = ("antdt", "no_report", "bare")
+    per_closure = args.steps_per_closure * args.batch_size
+    # every variant's closures plus two warm-up closures each, and a shard to spare
+    num_records = (args.rounds + 2) * len(variants) * per_closure + 4 * args.records_per_shard
+    work = pathlib.Path(tempfile.mkdtemp(prefix="antdt-step-cost-"))
+    data = str(work / "train.adtr")
+    records.write_records(data, criteo.generate(criteo.SyntheticSpec(num_records, seed=1)))
+    port_file = work / "master.port"
+    with open(work / "master.log", "ab") as log:
+        master = subprocess.Popen(
+            [sys.executable, "-m", "antdt_tf.master", "--port=0", f"--port_file={port_file}",
+             f"--state_dir={work / 'master'}"], start_new_session=True, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            if master.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the master did not start; see {work / 'master.log'}")
+            time.sleep(0.05)
+        address = f"127.0.0.1:{port_file.read_text().strip()}"
+        with ShardingClient(address, timeout=30) as admin:
+            admin.register_dataset(DatasetSpec("train", records_per_shard=args.records_per_shard,
+                                               files=(DataFile(data, num_records),)))
+        with LocalCluster(num_ps=NUM_PS, num_workers=NUM_WORKERS, log_dir=work) as cluster:
+            rows = _measure(args, address, cluster, master, variants, psutil)
+    finally:
+        os.killpg(master.pid, signal.SIGKILL)
+        master.wait()
+    _write(args, rows, num_records)
+    sys.stdout.flush()
+    os._exit(0)   # TF's remote-function threads may crash an orderly interpreter exit
+
+
+def _measure(args, address, cluster, master, variants, psutil) -> dict:
+    import tensorflow as tf
+
+    from antdt_tf.models.deepfm import DeepFM
+    from antdt_tf.tf.cluster_spec import make_strategy
+    from antdt_tf.tf.pull import PullTrainer, pull_dataset
+
+    strategy = make_strategy(cluster.spec)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = DeepFM(buckets=args.buckets, learning_rate=0.2)
+    trainer = PullTrainer(strategy, coordinator, address, "train", model.train_step,
+                          args.batch_size, num_workers=NUM_WORKERS, progress_fn=None,
+                          steps_per_closure=args.steps_per_closure)
+    counters = trainer._worker_counts
+    closures = {"antdt": trainer._train,   # PullTrainer's own closure function
+                "no_report": _loop(tf, strategy, model, counters, args.steps_per_closure, True),
+                "bare": _loop(tf, strategy, model, counters, args.steps_per_closure, False)}
+    batch_size = args.batch_size
+    iterator = iter(coordinator.create_per_worker_dataset(
+        lambda: pull_dataset(address, "train", batch_size, wait_markers=True)))
+    procs = {"worker": psutil.Process(cluster.procs["worker", 0].pid),
+             "ps": psutil.Process(cluster.procs["ps", 0].pid),
+             "master": psutil.Process(master.pid), "chief": psutil.Process()}
+
+    def cpu():
+        return {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+
+    def run(name):
+        coordinator.schedule(closures[name], args=(iterator,))
+        coordinator.join()
+
+    for name in variants:   # tracing and each function's first run on the worker
+        for _ in range(2):
+            run(name)
+    rows = {name: [] for name in variants}
+    for r in range(args.rounds):
+        for name in (variants if r % 2 == 0 else variants[::-1]):
+            c0, t0 = cpu(), time.perf_counter()
+            run(name)
+            t1, c1 = time.perf_counter(), cpu()
+            rows[name].append({"wall": t1 - t0, **{k: c1[k] - c0[k] for k in PARTS}})
+        print(f"\rround {r + 1}/{args.rounds}", end="", flush=True)
+    print()
+    return rows
+
+
+def _write(args, rows: dict, num_records: int) -> None:
+    ms = 1000.0 / args.steps_per_closure
+
+    def mean(name, key):
+        return statistics.mean(x[key] for x in rows[name]) * ms
+
+    def total(name):
+        return sum(mean(name, k) for k in PARTS)
+
+    def stderr(name):
+        sums = [sum(x[k] for k in PARTS) * ms for x in rows[name]]
+        return statistics.stdev(sums) / len(sums) ** 0.5
+
+    lines = [f"# CPU per training step of the pull path ({time.strftime('%Y-%m-%d')}; "
+             f"{os.cpu_count()} cores, 1 PS + 1 worker + master + chief, DeepFM "
+             f"{args.buckets:,} buckets, batch {args.batch_size}, "
+             f"{args.steps_per_closure} steps per closure, shards of "
+             f"{args.records_per_shard:,}; {args.rounds} interleaved closures per variant, "
+             "means)", "",
+             "| variant | wall ms/step | worker CPU ms/step | PS | master | chief | "
+             "total CPU ms/step (± s.e.) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in rows:
+        lines.append(f"| {name} | {mean(name, 'wall'):.2f} | " + " | ".join(
+            f"{mean(name, k):.2f}" for k in PARTS) + f" | {total(name):.2f} ± {stderr(name):.2f} |")
+    report = total("antdt") - total("no_report")
+    lines += ["", f"- the report after every step: {report:.2f} ms of CPU per step "
+              f"({report / total('antdt'):.0%} of the step's total): worker "
+              f"{mean('antdt', 'worker') - mean('no_report', 'worker'):.2f}, master "
+              f"{mean('antdt', 'master') - mean('no_report', 'master'):.2f}, PS "
+              f"{mean('antdt', 'ps') - mean('no_report', 'ps'):.2f}",
+              f"- the per-worker counters: {total('no_report') - total('bare'):.2f} ms per step",
+              "", f"Reproduce: `python -m benchmarks.step_cost --rounds={args.rounds} "
+              f"--out={args.out}` (or `make bench-step-cost`); {num_records:,} generated "
+              "records."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
