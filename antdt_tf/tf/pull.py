@@ -204,21 +204,20 @@ def report_applied(master: str, dataset: str, meta: dict,
     """Tells the master how far each lease in a trained batch got. Call after the step
     (in the same tf.function, under ``tf.control_dependencies`` on the step's effects:
     see :func:`run_step`).
-    Returns ``(records, finished_leases, rejected_leases)`` of the batch; a rejected
-    lease is no longer this worker's (taken over by tail stealing, expired, revoked):
-    its further batches must not be applied."""
+    Returns how many of the batch's leases the master rejected: a rejected lease is no
+    longer this worker's (taken over by tail stealing, expired, revoked), its further
+    batches must not be applied. (What the batch counts for the worker's own counters:
+    :func:`batch_counts`.)"""
     leases, idx = tf.unique(meta["lease"])
     n = tf.shape(leases)[0]
     applied = tf.math.unsorted_segment_max(meta["applied"], idx, n)
     shards = tf.math.unsorted_segment_max(meta["shard"], idx, n)
     epochs = tf.math.unsorted_segment_max(meta["epoch"], idx, n)
-    lengths = tf.math.unsorted_segment_max(meta["length"], idx, n)
     client = _client(master, timeout_ms, "report")
     (rejected,) = _call(client, "antdt.report",
                         [tf.constant(dataset), meta["worker"], meta["incarnation"], leases,
                          shards, epochs, applied], [tf.int64], timeout_ms)
-    finished = tf.reduce_sum(tf.cast(tf.equal(applied, lengths), tf.int64))
-    return tf.shape(meta["lease"], out_type=tf.int64)[0], finished, rejected
+    return rejected
 
 
 def batch_counts(meta):
@@ -329,7 +328,7 @@ class PullTrainer(WorkerCounters):
                 tf.reshape(batch_counts(meta), [1, 2]), worker))
             _, effects = run_step(self._step_fn, batch, ids)
             with tf.control_dependencies(effects):
-                _, _, rejected = report_applied(self.master, self.dataset, meta)
+                rejected = report_applied(self.master, self.dataset, meta)
             return rejected
 
         # One tf.cond holds every PS op of a step. The function runs partitioned over the
