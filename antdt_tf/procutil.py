@@ -93,3 +93,25 @@ def stand_by(ready_file: str, address: str, timeout: float, name: str) -> None:
     pathlib.Path(ready_file).write_text(f"{os.getpid()}\n")
     print(f"[{name}] standing by for {address}", flush=True)
     wait_until_free(address, timeout)
+
+
+def start_master(workdir, *flags: str, timeout: float = 60.0):
+    """Starts an ``antdt-master`` process on a free loopback port, state in
+    ``workdir/state``, log in ``workdir/master.log``; returns ``(process, address)``
+    once it serves. For demos and benchmarks that need a real master process."""
+    import pathlib
+    import subprocess
+
+    workdir = pathlib.Path(workdir)
+    port_file = workdir / "port"
+    with open(workdir / "master.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "antdt_tf.master", "--port=0", f"--port_file={port_file}",
+             f"--state_dir={workdir / 'state'}", *flags], stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env=child_env())
+    deadline = time.monotonic() + timeout
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"antdt-master did not start; see {workdir / 'master.log'}")
+        time.sleep(0.05)
+    return proc, f"127.0.0.1:{int(port_file.read_text())}"

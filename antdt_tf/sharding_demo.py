@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,7 +21,7 @@ import time
 from absl import app, flags
 from tqdm import tqdm
 
-from antdt_tf.procutil import child_env
+from antdt_tf.procutil import start_master
 from antdt_tf.sharding.client import ShardingClient, Task
 from antdt_tf.sharding.plan import DatasetSpec
 
@@ -35,21 +33,6 @@ flags.DEFINE_list("slowdowns", ["1", "1", "2", "4"], "One simulated trainer per 
                   "many times slower than the fastest it is.")
 flags.DEFINE_float("seconds_per_record", 0.0001, "Simulated cost of one record on the fastest "
                    "trainer.")
-
-
-def _start_master(workdir: pathlib.Path) -> tuple[subprocess.Popen, str]:
-    port_file = workdir / "port"
-    cmd = [sys.executable, "-m", "antdt_tf.master", "--port=0", f"--port_file={port_file}",
-           f"--state_dir={workdir / 'state'}"]
-    log = open(workdir / "master.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=child_env())
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"antdt-master did not start; see {workdir / 'master.log'}")
-        time.sleep(0.05)
-    return proc, f"127.0.0.1:{int(port_file.read_text())}"
 
 
 def _trainer(address: str, index: int, seconds_per_record: float, out: dict) -> None:
@@ -68,7 +51,7 @@ def main(argv):
     if not slowdowns or min(slowdowns) < 1:
         raise app.UsageError("--slowdowns needs one or more factors >= 1")
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="antdt-demo-"))
-    proc, address = _start_master(workdir)
+    proc, address = start_master(workdir)
     print(f"antdt-master pid {proc.pid} serving on {address} (state in {workdir / 'state'})")
     try:
         with ShardingClient(address) as admin:

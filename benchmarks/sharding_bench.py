@@ -27,8 +27,6 @@ import os
 import pathlib
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -36,6 +34,7 @@ import grpc
 import psutil
 
 from benchmarks.results_table import write_table
+from antdt_tf.procutil import start_master
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.proto import sharding_pb2_grpc as pb_grpc
 
@@ -133,17 +132,8 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/sharding.md")
     args = ap.parse_args()
     work = pathlib.Path(tempfile.mkdtemp(prefix="antdt-bench-"))
-    port_file = work / "port"
-    master = subprocess.Popen(
-        [sys.executable, "-m", "antdt_tf.master", "--port=0", f"--port_file={port_file}",
-         f"--state_dir={work / 'state'}", "--fsync=interval"],
-        stdout=open(work / "master.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    master, address = start_master(work, "--fsync=interval")
     try:
-        while not port_file.exists():
-            if master.poll() is not None:
-                raise SystemExit(f"master failed, see {work / 'master.log'}")
-            time.sleep(0.05)
-        address = f"127.0.0.1:{int(port_file.read_text())}"
         proc = psutil.Process(master.pid)
         channel = grpc.insecure_channel(address)
         stub = pb_grpc.ShardingServiceStub(channel)

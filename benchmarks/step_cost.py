@@ -29,7 +29,6 @@ import os
 import pathlib
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -84,6 +83,7 @@ def main() -> None:
     import psutil
 
     from antdt_tf.data import criteo, records
+    from antdt_tf.procutil import start_master
     from antdt_tf.sharding.client import ShardingClient
     from antdt_tf.sharding.plan import DataFile, DatasetSpec
     from antdt_tf.tf.local_cluster import LocalCluster
@@ -95,18 +95,8 @@ def main() -> None:
     work = pathlib.Path(tempfile.mkdtemp(prefix="antdt-step-cost-"))
     data = str(work / "train.adtr")
     records.write_records(data, criteo.generate(criteo.SyntheticSpec(num_records, seed=1)))
-    port_file = work / "master.port"
-    with open(work / "master.log", "ab") as log:
-        master = subprocess.Popen(
-            [sys.executable, "-m", "antdt_tf.master", "--port=0", f"--port_file={port_file}",
-             f"--state_dir={work / 'master'}"], start_new_session=True, stdout=log, stderr=log)
+    master, address = start_master(work)
     try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists():
-            if master.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the master did not start; see {work / 'master.log'}")
-            time.sleep(0.05)
-        address = f"127.0.0.1:{port_file.read_text().strip()}"
         with ShardingClient(address, timeout=30) as admin:
             admin.register_dataset(DatasetSpec("train", records_per_shard=args.records_per_shard,
                                                files=(DataFile(data, num_records),)))
