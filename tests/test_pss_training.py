@@ -82,6 +82,9 @@ def test_worker_sigkill_mid_shard_costs_at_most_one_batch(tmp_path):
                                                kill_worker_after_shards=6)
     assert killed_at is not None and killed_at < shards, "the kill must land mid-run"
     assert "Putting back a closure after it failed" in log   # a shard was really re-run
+    # sparse reports (the default): the dead worker's leases were held by the master and
+    # settled from the offsets its steps recorded on the PS
+    assert "settled" in log and "held lease(s) of a dead or silent worker" in log
     audit = report["audit"]
     assert audit["applied_0"] == 0
     assert audit["applied_2plus"] <= 128

@@ -45,7 +45,7 @@ def test_open_next_report_end_with_tf_ops(master):
     assert inc > 0
     leases = []
     while True:
-        status, lease, shard, epoch, path, file_start, start, length, size = call(
+        status, lease, shard, epoch, path, file_start, start, length, size, sparse = call(
             master, "antdt.next", [tf.constant("d"), c64(3), c64(inc), c64(len(leases) + 1)],
             pull._NEXT_TYPES)
         if status != pull.STATUS_SHARD:
@@ -105,9 +105,14 @@ def test_a_new_incarnation_takes_back_the_old_ones_leases(master):
     ("antdt.open", lambda: [c64(1), c64(0)], [I64], tf.errors.InvalidArgumentError),
     ("antdt.open", lambda: [tf.constant("d")], [I64], tf.errors.InvalidArgumentError),
     ("antdt.open", lambda: [tf.constant("d"), c64(-1)], [I64], tf.errors.InvalidArgumentError),
+    ("antdt.open", lambda: [tf.constant("d"), c64(0), c64(2)], [I64],
+     tf.errors.InvalidArgumentError),
     ("antdt.fly", lambda: [], [I64], tf.errors.NotFoundError),
     ("antdt.report", lambda: [tf.constant("d"), c64(0), c64(1), c64([1, 2]), c64([1]),
                               tf.constant([0], tf.int32), c64([1])], [I64],
+     tf.errors.InvalidArgumentError),
+    ("antdt.report", lambda: [tf.constant("d"), c64(0), c64(1), c64([1]), c64([1]),
+                              tf.constant([0], tf.int32), c64([1]), c64(-3)], [I64],
      tf.errors.InvalidArgumentError),
     ("antdt.next", lambda: [tf.constant("d"), c64(0), c64(1), c64(1), c64(-1)],
      pull._NEXT_TYPES, tf.errors.InvalidArgumentError),
@@ -210,3 +215,31 @@ def test_the_report_waits_for_every_update_of_the_step(master):
     retries = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
     assert len(calls) == 1 and retries
     assert all(set(updates) <= _ancestors(op) for op in calls + retries)
+
+
+def test_sparse_reports_open_next_report_and_the_held_lease(master):
+    """A sparse-capable incarnation gets sparse leases; a relaunch gets the other parity
+    (two PS records per worker slot, by parity) and holds the old one's sparse lease
+    until the trainer settles it; a report may carry the worker's own step time."""
+    d = tf.constant("d")
+    (inc,) = call(master, "antdt.open", [d, c64(5), c64(1)], [I64])
+    status, lease, shard, epoch, *_, sparse = call(
+        master, "antdt.next", [d, c64(5), c64(inc), c64(1)], pull._NEXT_TYPES)
+    assert status == pull.STATUS_SHARD and sparse == 1
+    steps = []
+    master.server.tf_rpc.on_step = lambda *a: steps.append(a)
+    (rejected,) = call(master, "antdt.report", [d, c64(5), c64(inc), c64([lease]), c64([shard]),
+                                                tf.constant([epoch], tf.int32), c64([40]),
+                                                c64(250_000)], [I64])
+    assert rejected == 0 and steps == [(5, inc, 40, 0.25)]
+    (again,) = call(master, "antdt.open", [d, c64(5)], [I64])
+    assert (again - inc) % 2 == 1
+    *_, sparse = call(master, "antdt.next", [d, c64(5), c64(again), c64(1)], pull._NEXT_TYPES)
+    assert sparse == 0                              # opened without sparse = 1
+    held = master.call(master.servicer.state.progress, "d").datasets[0].held
+    assert [(h.lease_id, h.holder.incarnation, h.applied) for h in held] == [(lease, inc, 40)]
+    with ShardingClient(master.address) as admin:
+        assert admin.apply_lease_record("d", lease, held[0].holder, 70)
+        assert not admin.apply_lease_record("d", lease, held[0].holder, 80)
+        p = admin.progress("d").datasets[0]
+    assert not p.held and p.records_done_total == 70

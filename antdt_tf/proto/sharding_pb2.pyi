@@ -66,7 +66,7 @@ class RegisterDatasetResponse(_message.Message):
     def __init__(self, created: bool = ..., num_shards: _Optional[int] = ..., num_records: _Optional[int] = ...) -> None: ...
 
 class Shard(_message.Message):
-    __slots__ = ("dataset", "shard_id", "epoch", "lease_id", "start", "length", "file", "file_start", "shard_start", "shard_length", "attempt", "lease_seconds")
+    __slots__ = ("dataset", "shard_id", "epoch", "lease_id", "start", "length", "file", "file_start", "shard_start", "shard_length", "attempt", "lease_seconds", "sparse_reports")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class Shard(_message.Message):
     SHARD_LENGTH_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_REPORTS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     shard_id: int
     epoch: int
@@ -91,7 +92,8 @@ class Shard(_message.Message):
     shard_length: int
     attempt: int
     lease_seconds: float
-    def __init__(self, dataset: _Optional[str] = ..., shard_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., start: _Optional[int] = ..., length: _Optional[int] = ..., file: _Optional[str] = ..., file_start: _Optional[int] = ..., shard_start: _Optional[int] = ..., shard_length: _Optional[int] = ..., attempt: _Optional[int] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    sparse_reports: bool
+    def __init__(self, dataset: _Optional[str] = ..., shard_id: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., start: _Optional[int] = ..., length: _Optional[int] = ..., file: _Optional[str] = ..., file_start: _Optional[int] = ..., shard_start: _Optional[int] = ..., shard_length: _Optional[int] = ..., attempt: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., sparse_reports: bool = ...) -> None: ...
 
 class GetShardRequest(_message.Message):
     __slots__ = ("dataset", "task", "request_id")
@@ -194,7 +196,7 @@ class GetProgressRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DatasetProgress(_message.Message):
-    __slots__ = ("name", "epoch", "num_epochs", "shards_per_epoch", "todo_shards", "doing_shards", "done_shards", "poisoned_shards", "records_per_epoch", "records_done_epoch", "records_done_total", "finished", "poisoned_shard_ids", "seconds_per_record", "started_unix", "finished_unix", "stolen_leases", "batch_sizes", "backup_leases")
+    __slots__ = ("name", "epoch", "num_epochs", "shards_per_epoch", "todo_shards", "doing_shards", "done_shards", "poisoned_shards", "records_per_epoch", "records_done_epoch", "records_done_total", "finished", "poisoned_shard_ids", "seconds_per_record", "started_unix", "finished_unix", "stolen_leases", "batch_sizes", "backup_leases", "held")
     class BatchSizesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -221,6 +223,7 @@ class DatasetProgress(_message.Message):
     STOLEN_LEASES_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
     BACKUP_LEASES_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     name: str
     epoch: int
     num_epochs: int
@@ -240,7 +243,18 @@ class DatasetProgress(_message.Message):
     stolen_leases: int
     batch_sizes: _containers.ScalarMap[int, int]
     backup_leases: int
-    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: bool = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., stolen_leases: _Optional[int] = ..., batch_sizes: _Optional[_Mapping[int, int]] = ..., backup_leases: _Optional[int] = ...) -> None: ...
+    held: _containers.RepeatedCompositeFieldContainer[HeldLease]
+    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: bool = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., stolen_leases: _Optional[int] = ..., batch_sizes: _Optional[_Mapping[int, int]] = ..., backup_leases: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldLease, _Mapping]]] = ...) -> None: ...
+
+class HeldLease(_message.Message):
+    __slots__ = ("lease_id", "holder", "applied")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    holder: TaskId
+    applied: int
+    def __init__(self, lease_id: _Optional[int] = ..., holder: _Optional[_Union[TaskId, _Mapping]] = ..., applied: _Optional[int] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("task", "state", "shards_done", "records_done", "doing_shards", "failures", "seconds_per_record")
@@ -269,7 +283,7 @@ class GetProgressResponse(_message.Message):
     def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetProgress, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ...) -> None: ...
 
 class ShardRemainder(_message.Message):
-    __slots__ = ("shard_id", "offset", "failures", "lease_id", "holder", "applied", "lease_seconds", "backup_of")
+    __slots__ = ("shard_id", "offset", "failures", "lease_id", "holder", "applied", "lease_seconds", "backup_of", "sparse_reports", "held")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
@@ -278,6 +292,8 @@ class ShardRemainder(_message.Message):
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BACKUP_OF_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     shard_id: int
     offset: int
     failures: int
@@ -286,7 +302,9 @@ class ShardRemainder(_message.Message):
     applied: int
     lease_seconds: float
     backup_of: int
-    def __init__(self, shard_id: _Optional[int] = ..., offset: _Optional[int] = ..., failures: _Optional[int] = ..., lease_id: _Optional[int] = ..., holder: _Optional[_Union[TaskId, _Mapping]] = ..., applied: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., backup_of: _Optional[int] = ...) -> None: ...
+    sparse_reports: bool
+    held: bool
+    def __init__(self, shard_id: _Optional[int] = ..., offset: _Optional[int] = ..., failures: _Optional[int] = ..., lease_id: _Optional[int] = ..., holder: _Optional[_Union[TaskId, _Mapping]] = ..., applied: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., backup_of: _Optional[int] = ..., sparse_reports: bool = ..., held: bool = ...) -> None: ...
 
 class DatasetState(_message.Message):
     __slots__ = ("spec", "epoch", "cursor", "requeued", "doing", "poisoned", "failure_counts", "records_done_epoch", "records_done_total", "seconds_per_record", "stolen_leases", "backup_leases")
@@ -423,7 +441,7 @@ class JournalEntry(_message.Message):
     def __init__(self, time: _Optional[float] = ..., register: _Optional[_Union[DatasetSpec, _Mapping]] = ..., task_joined: _Optional[_Union[TaskId, _Mapping]] = ..., issue: _Optional[_Union[IssueEvent, _Mapping]] = ..., settle: _Optional[_Union[SettleEvent, _Mapping]] = ..., task_failed: _Optional[_Union[TaskId, _Mapping]] = ..., restore: _Optional[_Union[ShardingState, _Mapping]] = ...) -> None: ...
 
 class IssueEvent(_message.Message):
-    __slots__ = ("dataset", "task", "lease_id", "lease_seconds", "request_id", "shard_id", "offset", "backup_of")
+    __slots__ = ("dataset", "task", "lease_id", "lease_seconds", "request_id", "shard_id", "offset", "backup_of", "sparse_reports")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -432,6 +450,7 @@ class IssueEvent(_message.Message):
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     BACKUP_OF_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_REPORTS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     task: TaskId
     lease_id: int
@@ -440,7 +459,8 @@ class IssueEvent(_message.Message):
     shard_id: int
     offset: int
     backup_of: int
-    def __init__(self, dataset: _Optional[str] = ..., task: _Optional[_Union[TaskId, _Mapping]] = ..., lease_id: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., request_id: _Optional[int] = ..., shard_id: _Optional[int] = ..., offset: _Optional[int] = ..., backup_of: _Optional[int] = ...) -> None: ...
+    sparse_reports: bool
+    def __init__(self, dataset: _Optional[str] = ..., task: _Optional[_Union[TaskId, _Mapping]] = ..., lease_id: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., request_id: _Optional[int] = ..., shard_id: _Optional[int] = ..., offset: _Optional[int] = ..., backup_of: _Optional[int] = ..., sparse_reports: bool = ...) -> None: ...
 
 class SettleEvent(_message.Message):
     __slots__ = ("dataset", "lease_id", "kind", "records_processed", "lease_seconds")
@@ -452,12 +472,16 @@ class SettleEvent(_message.Message):
         PROGRESS: _ClassVar[SettleEvent.Kind]
         EXPIRED: _ClassVar[SettleEvent.Kind]
         STOLEN: _ClassVar[SettleEvent.Kind]
+        HELD: _ClassVar[SettleEvent.Kind]
+        RELEASED: _ClassVar[SettleEvent.Kind]
     KIND_UNSPECIFIED: SettleEvent.Kind
     DONE: SettleEvent.Kind
     FAILED: SettleEvent.Kind
     PROGRESS: SettleEvent.Kind
     EXPIRED: SettleEvent.Kind
     STOLEN: SettleEvent.Kind
+    HELD: SettleEvent.Kind
+    RELEASED: SettleEvent.Kind
     DATASET_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -477,6 +501,24 @@ class StateFile(_message.Message):
     state: ShardingState
     journal_generation: int
     def __init__(self, state: _Optional[_Union[ShardingState, _Mapping]] = ..., journal_generation: _Optional[int] = ...) -> None: ...
+
+class LeaseRecord(_message.Message):
+    __slots__ = ("dataset", "lease_id", "holder", "records_applied")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    lease_id: int
+    holder: TaskId
+    records_applied: int
+    def __init__(self, dataset: _Optional[str] = ..., lease_id: _Optional[int] = ..., holder: _Optional[_Union[TaskId, _Mapping]] = ..., records_applied: _Optional[int] = ...) -> None: ...
+
+class LeaseRecordResponse(_message.Message):
+    __slots__ = ("applied",)
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    applied: bool
+    def __init__(self, applied: bool = ...) -> None: ...
 
 class SetBatchSizesRequest(_message.Message):
     __slots__ = ("dataset", "batch_sizes", "replace")

@@ -60,6 +60,11 @@ class ShardingServiceStub(object):
                 request_serializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesRequest.SerializeToString,
                 response_deserializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesResponse.FromString,
                 )
+        self.ApplyLeaseRecord = channel.unary_unary(
+                '/antdt.v1.ShardingService/ApplyLeaseRecord',
+                request_serializer=antdt_dot_v1_dot_sharding__pb2.LeaseRecord.SerializeToString,
+                response_deserializer=antdt_dot_v1_dot_sharding__pb2.LeaseRecordResponse.FromString,
+                )
 
 
 class ShardingServiceServicer(object):
@@ -121,6 +126,12 @@ class ShardingServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApplyLeaseRecord(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -168,6 +179,11 @@ def add_ShardingServiceServicer_to_server(servicer, server):
                     servicer.SetBatchSizes,
                     request_deserializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesRequest.FromString,
                     response_serializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesResponse.SerializeToString,
+            ),
+            'ApplyLeaseRecord': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyLeaseRecord,
+                    request_deserializer=antdt_dot_v1_dot_sharding__pb2.LeaseRecord.FromString,
+                    response_serializer=antdt_dot_v1_dot_sharding__pb2.LeaseRecordResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -329,5 +345,22 @@ class ShardingService(object):
         return grpc.experimental.unary_unary(request, target, '/antdt.v1.ShardingService/SetBatchSizes',
             antdt_dot_v1_dot_sharding__pb2.SetBatchSizesRequest.SerializeToString,
             antdt_dot_v1_dot_sharding__pb2.SetBatchSizesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ApplyLeaseRecord(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/antdt.v1.ShardingService/ApplyLeaseRecord',
+            antdt_dot_v1_dot_sharding__pb2.LeaseRecord.SerializeToString,
+            antdt_dot_v1_dot_sharding__pb2.LeaseRecordResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

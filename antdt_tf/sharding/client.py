@@ -168,6 +168,15 @@ class ShardingClient:
         return self._call("ReportTaskFailure", pb.ReportTaskFailureRequest(
             task=task.proto(), reason=reason)).released_shards
 
+    def apply_lease_record(self, dataset: str, lease_id: int, holder: pb.TaskId,
+                           records_applied: int) -> bool:
+        """How far a lease with sparse reports got, from its holder's record on the PS
+        (-1: none recorded): settles a held lease (``DatasetProgress.held``), counts a
+        live one up to there. False: the lease is not that holder's any more."""
+        return self._call("ApplyLeaseRecord", pb.LeaseRecord(
+            dataset=dataset, lease_id=lease_id, holder=holder,
+            records_applied=records_applied)).applied
+
     def progress(self, dataset: str = "") -> pb.GetProgressResponse:
         return self._call("GetProgress", pb.GetProgressRequest(dataset=dataset))
 

@@ -109,6 +109,13 @@ class ShardingServicer:
             d.batch_sizes.update(self.batch_sizes.get(d.name, {}))
         return out
 
+    def ApplyLeaseRecord(self, req: pb.LeaseRecord) -> pb.LeaseRecordResponse:
+        if not req.HasField("holder"):
+            raise InvalidRequest("ApplyLeaseRecord needs the lease's holder")
+        applied = self.state.apply_record(req.dataset, req.lease_id, req.holder,
+                                          req.records_applied)
+        return pb.LeaseRecordResponse(applied=applied)
+
     def SetBatchSizes(self, req: pb.SetBatchSizesRequest) -> pb.SetBatchSizesResponse:
         self.state.lease_length(req.dataset, -1)      # raises UnknownDataset
         for worker, size in req.batch_sizes.items():

@@ -46,12 +46,17 @@ Settle = pb.SettleEvent.Kind
 # Plain ints: protobuf enum attribute lookups are slow on the hot path.
 _DONE, _FAILED, _PROGRESS = Outcome.DONE, Outcome.FAILED, Outcome.PROGRESS
 _S_DONE, _S_FAILED, _S_PROGRESS, _S_EXPIRED = Settle.DONE, Settle.FAILED, Settle.PROGRESS, Settle.EXPIRED
-_S_STOLEN = Settle.STOLEN
+_S_STOLEN, _S_HELD, _S_RELEASED = Settle.STOLEN, Settle.HELD, Settle.RELEASED
 # tail stealing: take over a lease only when its holder would need this many times longer
 # for the rest than the idle task, and at least two batches are left after the one the
 # holder is training now
 _STEAL_SPEEDUP = 1.5
 _STEAL_MIN_BATCHES = 2
+# sparse reports: a lease is reported after every batch anyway (so that it can be
+# stolen or backed up) when few shards are left to issue (this many per live worker) or
+# its holder is this much slower than the dataset's pace
+_DENSE_TAIL_SHARDS_PER_WORKER = 2
+_DENSE_SLOWNESS = 1.25
 _SETTLE_OF = {_DONE: _S_DONE, _FAILED: _S_FAILED, _PROGRESS: _S_PROGRESS}
 _SHARD = pb.GetShardResponse.SHARD
 _WAIT = pb.GetShardResponse.WAIT
@@ -76,6 +81,9 @@ class LeaseConfig:
     max_seconds: float = 24 * 3600.0
     factor: float = 4.0
     max_failures: int = 3
+    # how long a lease with sparse reports is held for its trainer to settle it from
+    # the PS after its holder died (then it goes back from the master's own offset)
+    settle_seconds: float = 10.0
 
     def __post_init__(self):
         if not 0 < self.min_seconds <= self.max_seconds:
@@ -86,6 +94,8 @@ class LeaseConfig:
             raise ValueError("lease factor must be >= 1")
         if self.max_failures < 1:
             raise ValueError("max_failures must be >= 1")
+        if self.settle_seconds <= 0:
+            raise ValueError("settle_seconds must be > 0")
 
 
 def spec_from_proto(msg: pb.DatasetSpec) -> DatasetSpec:
@@ -134,7 +144,7 @@ class _Pair:
 class _Lease:
     __slots__ = ("lease_id", "dataset", "shard_id", "epoch", "offset", "length", "applied",
                  "task_key", "incarnation", "issued_at", "lease_seconds", "deadline", "attempt",
-                 "last_delta", "pair", "partner", "backup_of")
+                 "last_delta", "pair", "partner", "backup_of", "sparse", "held")
 
     def __init__(self, lease_id, dataset, shard_id, epoch, offset, length, task_key, incarnation,
                  issued_at, lease_seconds, attempt):
@@ -155,6 +165,11 @@ class _Lease:
         self.pair: Optional[_Pair] = None   # backup leases: shared with the partner
         self.partner = 0              # the partner's lease id while both are DOING
         self.backup_of = 0            # this lease duplicates that one (the original)
+        # reported per lease and closure, not per batch: the exact offset is on the PS
+        self.sparse = False
+        # sparse, and its holder died or went silent: kept from re-issue until the
+        # trainer settles it from the PS (ApplyLeaseRecord) or settle_seconds pass
+        self.held = False
 
 
 class _Run:
@@ -328,7 +343,10 @@ class ShardState:
                 started_unix=run.started_unix, finished_unix=run.finished_unix,
                 stolen_leases=run.stolen_leases, backup_leases=run.backup_leases,
                 poisoned_shard_ids=sorted(run.poisoned)[:_MAX_POISONED_IDS],
-                seconds_per_record=run.seconds_per_record))
+                seconds_per_record=run.seconds_per_record,
+                held=[pb.HeldLease(lease_id=le.lease_id, applied=le.applied, holder=pb.TaskId(
+                    type=self._tasks[le.task_key].type, index=self._tasks[le.task_key].index,
+                    incarnation=le.incarnation)) for le in run.doing.values() if le.held]))
         for t in self._tasks.values():
             out.tasks.append(pb.TaskProgress(
                 task=t.task_id(), state="dead" if t.dead else "active",
@@ -374,7 +392,11 @@ class ShardState:
             return self._tasks[f"{task.type}:{task.index}"]
         return self._known_task(task, t)
 
-    def get_shard(self, dataset: str, task: pb.TaskId, request_id: int = 0) -> pb.GetShardResponse:
+    def get_shard(self, dataset: str, task: pb.TaskId, request_id: int = 0,
+                  sparse_ok: bool = False) -> pb.GetShardResponse:
+        """``sparse_ok``: the task's trainer records per-batch offsets on the PS and can
+        settle a lease from there (ApplyLeaseRecord), so the lease may be reported only per
+        lease and closure (see :meth:`_wants_dense`)."""
         run = self._run(dataset)
         t = self._admit(task)
         if request_id:
@@ -416,7 +438,8 @@ class ShardState:
         entry = pb.JournalEntry(time=self._now(), issue=pb.IssueEvent(
             dataset=dataset, task=task, lease_id=self._next_lease_id,
             lease_seconds=self._lease_seconds(run, t, remaining), request_id=request_id,
-            shard_id=shard_id, offset=offset))
+            shard_id=shard_id, offset=offset,
+            sparse_reports=sparse_ok and not self._wants_dense(run, t)))
         lease = self._commit(entry)
         return pb.GetShardResponse(status=_SHARD,
                                    shard=self._shard_msg(run, lease))
@@ -442,6 +465,17 @@ class ShardState:
                 f"{req.epoch}) is not held by {task_name(req.task)}: it was re-issued after a "
                 "failure, expiry or restore, or already settled; these records were not counted, "
                 "drop the shard and ask for the next one")
+        if lease.held:
+            # its holder went silent (expired) and now reports again: its own word on how
+            # far it got settles the lease; the rest is no longer its to train
+            if lease.shard_id == req.shard_id and 0 <= req.records_processed <= lease.length:
+                self._commit(pb.JournalEntry(time=self._now(), settle=pb.SettleEvent(
+                    dataset=req.dataset, lease_id=lease.lease_id, kind=_S_RELEASED,
+                    records_processed=max(lease.applied, req.records_processed))))
+            raise LeaseNotHeld(
+                f"lease {req.lease_id} (dataset {req.dataset}, shard {req.shard_id}) of "
+                f"{task_name(req.task)} expired while it was silent; its rest goes back to "
+                "TODO from what this report says was applied: drop the shard")
         if lease.shard_id != req.shard_id or lease.epoch != req.epoch:
             raise InvalidRequest(
                 f"lease {lease.lease_id} is for shard {lease.shard_id} epoch {lease.epoch}, the "
@@ -485,6 +519,40 @@ class ShardState:
         self._commit(pb.JournalEntry(time=self._now(), task_failed=task))
         return released
 
+    def apply_record(self, dataset: str, lease_id: int, holder: pb.TaskId,
+                     records_applied: int) -> bool:
+        """How far a lease with sparse reports got, as its holder's steps recorded it on
+        the PS (-1: nothing recorded for it: the master's count is exact). A held lease
+        (see DatasetProgress.held) goes back to TODO from there, or is DONE; a lease its
+        holder still trains is counted up to there (a checkpoint must agree with the
+        model). False if the lease is not that holder's any more (settled before,
+        expired, stolen, restored): a repeated or late record changes nothing."""
+        run = self._run(dataset)
+        validate_task(holder)
+        lease = run.doing.get(lease_id)
+        if (lease is None or not lease.sparse or lease.incarnation != holder.incarnation
+                or lease.task_key != f"{holder.type}:{holder.index}"):
+            return False
+        if records_applied > lease.length or records_applied < -1:
+            raise InvalidRequest(
+                f"records_applied {records_applied} of lease {lease_id} is outside "
+                f"[-1, {lease.length}] (the lease's records)")
+        applied = max(lease.applied, records_applied)
+        if lease.held:
+            kind, lease_seconds = _S_RELEASED, 0.0
+        elif applied == lease.length:
+            kind, lease_seconds = _S_DONE, 0.0
+        elif applied > lease.applied:
+            kind = _S_PROGRESS
+            lease_seconds = self._lease_seconds(run, self._tasks[lease.task_key],
+                                                lease.length - applied)
+        else:
+            return True
+        self._commit(pb.JournalEntry(time=self._now(), settle=pb.SettleEvent(
+            dataset=dataset, lease_id=lease_id, kind=kind, records_processed=applied,
+            lease_seconds=lease_seconds)))
+        return True
+
     def expire_leases(self) -> int:
         """Takes back leases whose holders stopped reporting. Returns how many."""
         now = self._now()
@@ -500,8 +568,11 @@ class ShardState:
                 f"lease {lease_id} (dataset {dataset}, shard {lease.shard_id}, "
                 f"{lease.applied}/{lease.length} applied) of {lease.task_key}"
                 f"#{lease.incarnation}, issued {now - lease.issued_at:.1f}s ago")
+            # a sparse lease's holder may have applied more than it reported: held for
+            # its trainer to settle from the PS (EXPIRED once that times out too)
+            kind = _S_HELD if lease.sparse and not lease.held else _S_EXPIRED
             self._commit(pb.JournalEntry(time=now, settle=pb.SettleEvent(
-                dataset=dataset, lease_id=lease_id, kind=_S_EXPIRED,
+                dataset=dataset, lease_id=lease_id, kind=kind,
                 records_processed=lease.applied)))
             expired += 1
         return expired
@@ -555,7 +626,8 @@ class ShardState:
                              failures=run.failures.get(lease.shard_id, 0), lease_id=lease.lease_id,
                              holder=pb.TaskId(type=holder.type, index=holder.index,
                                               incarnation=lease.incarnation),
-                             backup_of=lease.backup_of if lease.partner else 0)
+                             backup_of=lease.backup_of if lease.partner else 0,
+                             sparse_reports=lease.sparse, held=lease.held)
             for shard_id, offset in run.poisoned.items():
                 ds.poisoned.add(shard_id=shard_id, offset=offset,
                                 failures=run.failures.get(shard_id, 0))
@@ -630,7 +702,7 @@ class ShardState:
             t = self._tasks[f"{entry.task_failed.type}:{entry.task_failed.index}"]
             if entry.task_failed.incarnation > t.incarnation:
                 self._apply_task_joined(entry.task_failed, entry.time)
-            self._release_all(t)
+            self._release_all(t, entry.time)
             t.dead = True
             return None
         if kind == "restore":
@@ -643,7 +715,7 @@ class ShardState:
         if t is None:
             t = self._tasks[key] = _Task(task)
         else:
-            self._release_all(t)  # the old incarnation is gone
+            self._release_all(t, now)  # the old incarnation is gone
             t.incarnation, t.dead = task.incarnation, False
             t.last_request.clear()
         return t
@@ -677,6 +749,7 @@ class ShardState:
         lease = _Lease(ev.lease_id, ev.dataset, shard_id, run.epoch, offset,
                        run.plan.shard_length(shard_id) - offset, t.key, ev.task.incarnation, now,
                        ev.lease_seconds, run.failures.get(shard_id, 0))
+        lease.sparse = ev.sparse_reports
         run.doing[lease.lease_id] = lease
         t.leases.add(lease.lease_id)
         if original is not None:
@@ -694,13 +767,24 @@ class ShardState:
         t = self._tasks[lease.task_key]
         if ev.kind == _S_PROGRESS:
             delta = ev.records_processed - lease.applied
-            if delta > 0:
-                t.batch_records = delta
-            lease.last_delta = max(lease.last_delta, delta)
+            if not lease.sparse:   # a sparse report spans many batches
+                if delta > 0:
+                    t.batch_records = delta
+                lease.last_delta = max(lease.last_delta, delta)
             self._count_applied(run, t, lease, ev.records_processed)
             lease.lease_seconds = ev.lease_seconds
             lease.deadline = now + ev.lease_seconds
             heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id, ev.dataset))
+            return lease
+        if ev.kind == _S_HELD:
+            self._hold(lease, now)
+            t.failures += 1
+            return lease
+        if lease.held:   # RELEASED, or EXPIRED: the settle timeout passed
+            del run.doing[lease.lease_id]
+            self._count_applied(run, t, lease, max(lease.applied, ev.records_processed))
+            self._give_back(run, lease, count_failure=True)
+            self._maybe_next_epoch(run)
             return lease
         del run.doing[lease.lease_id]
         t.leases.discard(lease.lease_id)
@@ -750,7 +834,8 @@ class ShardState:
         now = self._now()
         thief_spr = thief.seconds_per_record or run.seconds_per_record
         for lease in run.doing.values():
-            if lease.task_key == thief.key or (unpaired and lease.pair is not None):
+            if (lease.task_key == thief.key or lease.sparse or lease.held
+                    or (unpaired and lease.pair is not None)):
                 continue
             holder = self._tasks[lease.task_key]
             in_flight = lease.last_delta or (holder.batch_records if not lease.applied else 0)
@@ -814,13 +899,35 @@ class ShardState:
         if keep is not None:
             keep.partner = 0
 
-    def _release_all(self, t: _Task) -> None:
+    def _hold(self, lease: _Lease, now: float) -> None:
+        lease.held = True
+        self._tasks[lease.task_key].leases.discard(lease.lease_id)
+        lease.deadline = now + self.config.settle_seconds
+        heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id, lease.dataset))
+
+    def _wants_dense(self, run: _Run, t: _Task) -> bool:
+        """Whether a lease for ``t`` must be reported after every batch even though its
+        trainer could report sparsely: only a lease reported per batch can be stolen or
+        backed up (the master must know where its holder is), and those are the tail of
+        an epoch and the leases of slow holders."""
+        if not (run.spec.tail_stealing or run.spec.backup_leases):
+            return False
+        live = sum(1 for x in self._tasks.values() if x.type == t.type and not x.dead)
+        if run.todo_shards() <= _DENSE_TAIL_SHARDS_PER_WORKER * max(1, live):
+            return True
+        return (run.seconds_per_record > 0
+                and t.seconds_per_record > _DENSE_SLOWNESS * run.seconds_per_record)
+
+    def _release_all(self, t: _Task, now: float) -> None:
         for lease_id in sorted(t.leases):
             for run in self._runs.values():
                 lease = run.doing.get(lease_id)
                 if lease is not None:
                     partner = run.doing.get(lease.partner) if lease.partner else None
-                    if partner is not None:
+                    if lease.sparse and partner is None:
+                        # how far it got is on the PS: held for the trainer to settle
+                        self._hold(lease, now)
+                    elif partner is not None:
                         self._drop(lease, keep=partner)
                     else:
                         del run.doing[lease_id]
@@ -886,8 +993,10 @@ class ShardState:
                                t.key, r.holder.incarnation, now,
                                r.lease_seconds or self.config.initial_seconds, r.failures)
                 lease.applied = r.applied
+                lease.sparse, lease.held = r.sparse_reports, r.held
                 run.doing[lease.lease_id] = lease
-                t.leases.add(lease.lease_id)
+                if not lease.held:
+                    t.leases.add(lease.lease_id)
                 heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id, run.spec.name))
             elif r.backup_of:
                 continue
@@ -931,6 +1040,9 @@ class ShardState:
                                      "and below next_lease_id")
             doing_by_id = {r.lease_id: r for r in ds.doing}
             for r in ds.doing:
+                if r.held and (not r.sparse_reports or r.backup_of):
+                    raise InvalidRequest(f"{where}: lease {r.lease_id} is held but not a "
+                                         "lease with sparse reports")
                 if r.backup_of:
                     orig = doing_by_id.get(r.backup_of)
                     if (orig is None or orig.backup_of or orig.shard_id != r.shard_id
@@ -978,7 +1090,7 @@ class ShardState:
                         lease_id=lease.lease_id, start=g.start + lease.offset, length=lease.length,
                         file=g.file, file_start=g.file_start + lease.offset, shard_start=g.start,
                         shard_length=g.length, attempt=lease.attempt,
-                        lease_seconds=lease.lease_seconds)
+                        lease_seconds=lease.lease_seconds, sparse_reports=lease.sparse)
 
     def _lease_seconds(self, run: _Run, t: _Task, records: int) -> float:
         spr = max(t.seconds_per_record, run.seconds_per_record)

@@ -6,25 +6,36 @@ name + tensors in, tensors out). The master serves that path itself, with the wi
 messages mirrored in ``protos/antdt/v1/tf_rpc.proto`` — no TensorFlow in the master,
 no bridge process. Each worker's input pipeline (``antdt_tf.tf.pull``) calls:
 
-``antdt.open(dataset: string, worker: int64) -> incarnation: int64``
+``antdt.open(dataset: string, worker[, sparse]: int64) -> incarnation: int64``
     A new incarnation of task ``worker:<i>`` for a new per-worker iterator (e.g. after
     the worker restarted). Its first ``antdt.next`` replaces the old incarnation, whose
-    leases go back to TODO from their reported offsets.
+    leases go back to TODO from their reported offsets. ``sparse`` = 1: this
+    incarnation's trainer records every batch's offset on the PS and settles leases
+    from there (``ApplyLeaseRecord``), so its leases may have sparse reports (below). An
+    incarnation differs from the worker's previous one in parity (the trainer keeps
+    two records per worker slot, by parity, so a new incarnation does not overwrite
+    the record of the one that died before it was settled).
 ``antdt.next(dataset, worker, incarnation, request[, wait_ms]: int64) -> (status: int32, lease,
-shard: int64, epoch: int32, file: string, file_start, start, length, batch_size: int64)``
+shard: int64, epoch: int32, file: string, file_start, start, length, batch_size,
+sparse: int64)``
     The next lease. ``request`` (> 0, unique per incarnation) makes a retried call
     return the same lease instead of a second one. Long-polls up to ``wait_seconds``
     (or ``wait_ms``, if smaller: BSP rounds do not wait) while every remaining shard is
     leased elsewhere (status 2 = WAIT: ask again);
     1 = SHARD; 3 = END. ``batch_size``: the Controller's records per batch for this
-    worker (ADJUST_BS), 0 = the worker's own.
+    worker (ADJUST_BS), 0 = the worker's own. ``sparse`` = 1: report this lease when it
+    is finished and at the end of each closure, not after every batch (0: after every
+    batch: the master may steal or back up its rest, for which it must know where the
+    holder is).
 ``antdt.report(dataset, worker, incarnation, leases: int64[], shards: int64[],
-epochs: int32[], applied: int64[]) -> rejected: int64``
-    After a training step: ``applied[i]`` records of ``leases[i]`` (from its start) are
+epochs: int32[], applied: int64[][, micros: int64]) -> rejected: int64``
+    After a training step (or, sparse, several): ``applied[i]`` records of ``leases[i]`` (from its start) are
     trained. A lease whose records are all applied becomes DONE, otherwise PROGRESS (so
     a re-issue resumes after them). Reports the master cannot accept (the lease was
     re-issued after an expiry or a restore, or the incarnation was replaced) are
     counted in ``rejected`` and change nothing; the step itself is not failed for them.
+    ``micros``: the worker's own time in the steps since its previous report (the
+    Monitor's BPT; without it, the time between reports).
 
 ``antdt.step(dataset, worker, incarnation, records, micros: int64) -> 0: int64``
     BSP mode: a worker computed a gradient over ``records`` in ``micros`` of its own
@@ -112,6 +123,9 @@ class TfRpcServicer:
         self.on_step = on_step
         self.wait_seconds = wait_seconds
         self.poll_seconds = poll_seconds
+        # (dataset, worker, incarnation) opened with sparse = 1. Soft state: after a
+        # master restart their leases are reported per batch (always safe).
+        self._sparse: set[tuple[str, int, int]] = set()
 
     @property
     def state(self):
@@ -126,14 +140,24 @@ class TfRpcServicer:
         return pb.TaskId(type=WORKER_TASK, index=worker, incarnation=incarnation)
 
     def open(self, req) -> tpb.TfCallResponse:
+        sparse = 0
+        if len(req.input_tensors) == 3:
+            sparse = _scalar(req.input_tensors[2], tpb.DT_INT64, "sparse")
+            if sparse not in (0, 1):
+                raise InvalidRequest(f"sparse must be 0 or 1, got {sparse}")
+            req = tpb.TfCallRequest(method=req.method, input_tensors=req.input_tensors[:2])
         dataset_t, worker_t = self._args(req, 2)
         dataset = _scalar(dataset_t, tpb.DT_STRING, "dataset")
         worker = _scalar(worker_t, tpb.DT_INT64, "worker")
         self.state.progress(dataset)          # UnknownDataset if not registered
         if worker < 0:
             raise InvalidRequest(f"worker index must be >= 0, got {worker}")
-        incarnation = max(self.state.task_incarnation(WORKER_TASK, worker) + 1,
-                          int(time.time() * 1000))
+        previous = self.state.task_incarnation(WORKER_TASK, worker)
+        incarnation = max(previous + 1, int(time.time() * 1000))
+        if previous >= 0 and (incarnation - previous) % 2 == 0:
+            incarnation += 1   # the other parity than the previous one (see the docstring)
+        if sparse:
+            self._sparse.add((dataset, worker, incarnation))
         log.info("worker %d opened dataset %s as incarnation %d", worker, dataset, incarnation)
         return tpb.TfCallResponse(output_tensors=[_i64(incarnation)])
 
@@ -154,7 +178,8 @@ class TfRpcServicer:
             raise InvalidRequest(f"request must be > 0, got {request_id}")
         deadline = time.monotonic() + wait_seconds
         while True:
-            resp = self.state.get_shard(dataset, task, request_id)
+            resp = self.state.get_shard(dataset, task, request_id,
+                                        (dataset, task.index, task.incarnation) in self._sparse)
             self.sharding.after_call()
             if resp.status != pb.GetShardResponse.WAIT or time.monotonic() >= deadline:
                 break
@@ -165,9 +190,16 @@ class TfRpcServicer:
         return tpb.TfCallResponse(output_tensors=[
             _i32(status), _i64(s.lease_id), _i64(s.shard_id), _i32(s.epoch), _str(s.file),
             _i64(s.file_start), _i64(s.start), _i64(s.length),
-            _i64(self.sharding.batch_size_of(dataset, task.index))])
+            _i64(self.sharding.batch_size_of(dataset, task.index)), _i64(int(s.sparse_reports))])
 
     def report(self, req) -> tpb.TfCallResponse:
+        seconds = None
+        if len(req.input_tensors) == 8:
+            micros = _scalar(req.input_tensors[7], tpb.DT_INT64, "micros")
+            if micros < 0:
+                raise InvalidRequest(f"micros must be >= 0, got {micros}")
+            seconds = micros / 1e6
+            req = tpb.TfCallRequest(method=req.method, input_tensors=req.input_tensors[:7])
         dataset_t, worker_t, inc_t, leases_t, shards_t, epochs_t, applied_t = self._args(req, 7)
         dataset = _scalar(dataset_t, tpb.DT_STRING, "dataset")
         task = self._task(_scalar(worker_t, tpb.DT_INT64, "worker"),
@@ -196,7 +228,7 @@ class TfRpcServicer:
         self.sharding.after_call()
         if self.on_step is not None and rejected < len(leases):
             self.on_step(task.index, task.incarnation,
-                         self.state.task_records(task.type, task.index) - before)
+                         self.state.task_records(task.type, task.index) - before, seconds)
         return tpb.TfCallResponse(output_tensors=[_i64(rejected)])
 
     def step(self, req) -> tpb.TfCallResponse:

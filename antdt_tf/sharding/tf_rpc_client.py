@@ -42,6 +42,7 @@ class Lease:
     start: int = 0
     length: int = 0
     batch_size: int = 0     # the Controller's batch size for this worker (0: the worker's)
+    sparse: int = 0         # 1: report when finished and per closure, not per batch
 
 
 def _i64(v: int) -> tpb.TfTensor:

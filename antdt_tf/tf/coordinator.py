@@ -46,6 +46,11 @@ flags.DEFINE_enum("mode", "async", ["async", "bsp"], "async: every worker applie
 flags.DEFINE_integer("max_batch_size", 0, "bsp: the largest batch one worker may stage "
                      "(0: the global batch, num_workers * batch_size).")
 flags.DEFINE_integer("steps_per_closure", 16, "pull: training steps per scheduled closure.")
+flags.DEFINE_bool("sparse_reports", True, "pull, async: steps record how far each lease got "
+                  "on the PS, and a lease is reported to the master when it is finished and at "
+                  "the end of each closure instead of after every batch (leases that may be "
+                  "stolen or backed up are still reported per batch); the trainer settles a "
+                  "dead worker's leases from the PS record. false: report every batch.")
 flags.DEFINE_integer("checkpoint_every_shards", 8, "closure: checkpoint after this many DONE "
                      "shards.")
 flags.DEFINE_float("checkpoint_every_seconds", 10.0, "pull: checkpoint this often (at a step "
@@ -126,7 +131,8 @@ def main(argv):
             steps_per_closure=FLAGS.steps_per_closure,
             checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
             on_progress=report_workers, progress_seconds=FLAGS.report_seconds,
-            worker_slots=FLAGS.worker_slots)
+            worker_slots=FLAGS.worker_slots,
+            record_fn=client.apply_lease_record if FLAGS.sparse_reports else None)
     else:
         trainer = ShardTrainer(
             strategy, coordinator, client, FLAGS.dataset, model.train_step, FLAGS.batch_size,

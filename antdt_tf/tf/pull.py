@@ -15,6 +15,14 @@ exactly what the model has seen, up to the one batch in flight when a worker die
 re-issued leases resume after the applied records, and a checkpoint taken with no
 closure in flight holds model and sharding state that agree.
 
+Sparse reports (:class:`PullTrainer` with a ``record_fn``, the launcher's default): the
+per-batch record moves from the master to the PS — each step writes how far its lease
+got into a PS variable beside its gradients — and the master hears of a lease only when
+it is finished and at the end of each closure. The bound holds because the master
+*holds* a dead holder's sparse leases (instead of re-issuing them from its older count)
+until the trainer, which can read the PS, settles them from the record. Leases that may
+be stolen or backed up (an epoch's tail, slow holders) stay reported per batch.
+
 Both training APIs use it: :class:`PullTrainer` (custom loop over ``ClusterCoordinator``,
 many steps per closure, so the fixed cost per shard is one RPC) and the Keras path
 (``antdt_tf.tf.keras``).
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
 import threading
 import time
 
@@ -37,7 +46,7 @@ from antdt_tf.tf.reader import decode_records, raw_shard_dataset
 STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
 DEFAULT_TIMEOUT_MS = 60_000
 _NEXT_TYPES = [tf.int32, tf.int64, tf.int64, tf.int32, tf.string, tf.int64, tf.int64, tf.int64,
-               tf.int64]
+               tf.int64, tf.int64]
 
 
 def _client(master: str, timeout_ms: int, role: str):
@@ -102,7 +111,8 @@ def _call(client, method: str, args, tout, timeout_ms: int, attempts: int = 6):
 
 def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                 wait_markers: bool = False, wait_ms: int = -1) -> tf.data.Dataset:
+                 wait_markers: bool = False, wait_ms: int = -1,
+                 sparse_reports: bool = False) -> tf.data.Dataset:
     """The batches this worker trains, pulled shard by shard from the master.
 
     Call inside the ``dataset_fn`` of ``ClusterCoordinator.create_per_worker_dataset``
@@ -121,26 +131,32 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     ``wait_ms``: how long the master may hold a ``next`` call while nothing is free
     (-1: the master's long poll, 2 s). BSP rounds pass 0: a round must not wait 2 s
     for a worker that has nothing to do in it.
+
+    ``sparse_reports``: the trainer records every batch's offset on the PS and can
+    settle a lease from there (:class:`PullTrainer` with a ``record_fn``); the master
+    then marks most leases ``sparse`` (``meta["sparse"]``): reported when finished and
+    at the end of a closure instead of after every batch.
     """
     if worker is None:
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
     worker = tf.cast(worker, tf.int64)
     name = tf.constant(dataset)
     client = _client(master, timeout_ms, "pull")
-    (incarnation,) = _call(client, "antdt.open", [name, worker], [tf.int64], timeout_ms)
+    open_args = [name, worker] + ([tf.constant(1, tf.int64)] if sparse_reports else [])
+    (incarnation,) = _call(client, "antdt.open", open_args, [tf.int64], timeout_ms)
 
     def next_lease(i):
         # request id i + 1 (unique in this incarnation): a retried call gets the same lease
         args = [name, worker, incarnation, i + 1]
         if wait_ms >= 0:
             args.append(tf.constant(wait_ms, tf.int64))
-        status, lease, shard, epoch, path, file_start, start, length, size = _call(
+        status, lease, shard, epoch, path, file_start, start, length, size, sparse = _call(
             client, "antdt.next", args, _NEXT_TYPES, timeout_ms)
         # ADJUST_BS: the Controller's batch size for this worker, from this lease on
         size = tf.where(size > 0, size, tf.constant(batch_size, tf.int64))
         return {"status": status, "lease": lease, "shard": shard, "epoch": epoch,
                 "path": path, "file_start": file_start, "start": start, "length": length,
-                "batch_size": size}
+                "batch_size": size, "sparse": sparse}
 
     wanted = (STATUS_SHARD, STATUS_WAIT) if wait_markers else (STATUS_SHARD,)
     leases = (tf.data.Dataset.range(2 ** 62)          # sequential: one lease at a time
@@ -169,7 +185,8 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
         batch["record_id"] = d["start"] + offset
         batch["antdt"] = {"lease": tf.fill([n], d["lease"]), "shard": tf.fill([n], d["shard"]),
                           "epoch": tf.fill([n], d["epoch"]), "applied": offset + 1,
-                          "length": tf.fill([n], d["length"]), "worker": worker,
+                          "length": tf.fill([n], d["length"]), "sparse": tf.fill([n], d["sparse"]),
+                          "worker": worker,
                           "incarnation": incarnation}
         return batch
 
@@ -281,13 +298,25 @@ class PullTrainer(WorkerCounters):
 
     ``step_fn(batch, record_ids)`` runs in replica context on the worker and applies the
     gradients itself (e.g. ``DeepFM.train_step``).
+
+    ``record_fn`` (``ShardingClient.apply_lease_record``): sparse reports. Each step
+    then also records on the PS, beside its gradients, how far its worker's lease got
+    before the step's batch (``(incarnation, lease, applied)``), and a lease the master
+    marked sparse is reported to it only when it is finished and at the end of a
+    closure (≈ one RPC per lease instead of one per batch: that RPC was ≈ 20 % of a
+    step's CPU, ``make bench-step-cost``). Exactness is kept by the record: when a
+    holder dies, the master holds its sparse leases until this trainer settles them
+    from the record (``DatasetProgress.held``; at most the batch in flight or the one
+    just applied is trained again), and before each checkpoint it brings the master's
+    counts up to the records. Without ``record_fn`` every batch is reported.
     """
 
     def __init__(self, strategy, coordinator, master: str, dataset: str, step_fn,
                  batch_size: int, num_workers: int, progress_fn,
                  steps_per_closure: int = 16, in_flight_per_worker: int = 2,
                  checkpoint_every_seconds: float = 0.0, on_checkpoint=None,
-                 on_progress=None, progress_seconds: float = 1.0, worker_slots: int = 0):
+                 on_progress=None, progress_seconds: float = 1.0, worker_slots: int = 0,
+                 record_fn=None):
         self.strategy = strategy
         self.coordinator = coordinator
         self.master = master
@@ -301,6 +330,7 @@ class PullTrainer(WorkerCounters):
         self.on_checkpoint = on_checkpoint
         self.on_progress = on_progress
         self.progress_seconds = progress_seconds
+        self.record_fn = record_fn
         self._step_fn = step_fn
         slots = max(num_workers, worker_slots)
         with strategy.scope():
@@ -309,6 +339,15 @@ class PullTrainer(WorkerCounters):
             # over by tail stealing, or it expired): its further batches are skipped
             self._refused_lease = tf.Variable(tf.fill([slots], tf.constant(-1, tf.int64)),
                                               trainable=False, name="antdt_refused_lease")
+            if record_fn is not None:
+                # sparse reports: (incarnation, lease, applied before the batch) of each
+                # worker's latest step, two rows per worker slot by incarnation parity (the master
+                # alternates it), so that a relaunched worker does not overwrite the
+                # record of the incarnation that died before this trainer settled it.
+                # Not checkpointed: a restore re-issues every lease anyway.
+                self._lease_record = tf.Variable(
+                    tf.fill([2 * slots, 3], tf.constant(-1, tf.int64)), trainable=False,
+                    name="antdt_lease_record")
         self._train = tf.function(self._train_fn)
 
     def _train_fn(self, iterator):
@@ -316,6 +355,18 @@ class PullTrainer(WorkerCounters):
         # is a placeholder TF feeds per worker; nested in the loop it is not fed)
         worker = tf.reshape(tf.cast(
             tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64), [1])
+        sparse = self.record_fn is not None
+        # the last trained batch whose position the master has not heard yet:
+        # lease (-1: none), shard, epoch, applied (of the lease), due (report it now)
+        nothing = tf.constant([-1, 0, 0, 0, 0], tf.int64)
+
+        def report(last, ident, micros):
+            client = _client(self.master, DEFAULT_TIMEOUT_MS, "report")
+            (rejected,) = _call(client, "antdt.report", [
+                tf.constant(self.dataset), ident[0], ident[1], last[0:1], last[1:2],
+                tf.cast(last[2:3], tf.int32), last[3:4], tf.cast(micros, tf.int64)],
+                [tf.int64], DEFAULT_TIMEOUT_MS)
+            return rejected
 
         def replica_fn(batch, worker):
             meta = batch.pop("antdt")
@@ -326,44 +377,120 @@ class PullTrainer(WorkerCounters):
             # (measured: ≈ 1 ms of PS CPU per step). A batch cut off by a kill may count.
             self._worker_counts.scatter_add(tf.IndexedSlices(
                 tf.reshape(batch_counts(meta), [1, 2]), worker))
-            _, effects = run_step(self._step_fn, batch, ids)
-            with tf.control_dependencies(effects):
-                rejected = report_applied(self.master, self.dataset, meta)
-            return rejected
+            self._step_fn(batch, ids)
+            if sparse:
+                # The record says where the lease was *before* this batch: a fact once
+                # this step runs (the previous step and its report are complete), so it
+                # is written beside the step, not after it. A kill repeats at most the
+                # batch in flight or the one just applied: one batch.
+                before = tf.reduce_max(meta["applied"]) - tf.shape(
+                    meta["lease"], out_type=tf.int64)[0]
+                row = 2 * meta["worker"] + tf.math.floormod(meta["incarnation"], 2)
+                self._lease_record.scatter_update(tf.IndexedSlices(tf.reshape(tf.stack(
+                    [meta["incarnation"], tf.reduce_max(meta["lease"]), before]), [1, 3]),
+                    tf.reshape(row, [1])))
+            return tf.constant(1, tf.int64)
 
         # One tf.cond holds every PS op of a step. The function runs partitioned over the
         # worker and the PS, and each predicate that guards a PS op is one more tensor
         # the PS has to receive from the worker per step (AutoGraph's break/continue nest
         # one cond per statement: measured ≈ 10 % more CPU for the same job).
-        def body(i, more, refused, stepped):
+        # The report of a batch runs at the start of the next iteration, not inside the
+        # step under a control dependency on the step's updates: that dependency is an
+        # edge back from the PS in *every* step, reported or not (measured ≈ 5 % of a
+        # step's CPU). The next step still waits for the report (its predicate reads
+        # the refusal), so a holder is never more than one batch past its last report.
+        def body(i, more, refused, stepped, last, micros, last_start, ident):
+            with tf.control_dependencies([last]):   # after the previous step
+                now = tf.timestamp()
+            micros += tf.where(last_start >= 0, (now - last_start) * 1e6, 0.0)
+            due = tf.logical_and(last[0] >= 0, last[4] > 0)
+            rejected = tf.cond(due, lambda: report(last, ident, micros),
+                               lambda: tf.constant(0, tf.int64))
+            refused = tf.where(rejected > 0, last[0], refused)
+            last = tf.where(due, nothing, last)
+            micros = tf.where(due, tf.constant(0.0, tf.float64), micros)
+
             batch = iterator.get_next_as_optional()
             has = batch.has_value()
             value = tf.cond(has, batch.get_value, lambda: no_records(iterator.element_spec))
             # no records: the end, or the master has nothing for this worker now (a WAIT
             # marker): end the closure
+            meta = value["antdt"]
             n = tf.shape(value["label"])[0]
-            lease = tf.reduce_max(value["antdt"]["lease"])   # batches never span leases
+            lease = tf.reduce_max(meta["lease"])   # batches never span leases
             # a refused lease is not ours any more: another worker trains its records
             train = tf.logical_and(n > 0, tf.not_equal(lease, refused))
-            rejected = tf.cond(train, lambda: self.strategy.run(replica_fn, args=(value, worker)),
-                               lambda: tf.constant(0, tf.int64))
-            refused = tf.where(rejected > 0, lease, refused)
-            return i + 1, n > 0, refused, tf.logical_or(stepped, train)
+            with tf.control_dependencies([n]):     # after get_next: the step's own time
+                start = tf.timestamp()
+            done = tf.cond(train, lambda: self.strategy.run(replica_fn, args=(value, worker)),
+                           lambda: tf.constant(0, tf.int64))
+            applied = tf.reduce_max(meta["applied"])
+            # due: every batch without sparse reports; with them, a lease the master
+            # wants per batch and a lease's last batch
+            due = tf.constant(True) if not sparse else tf.logical_or(
+                tf.equal(tf.reduce_max(meta["sparse"]), 0),
+                tf.equal(applied, tf.reduce_max(meta["length"])))
+            this = tf.stack([lease, tf.reduce_max(meta["shard"]),
+                             tf.cast(tf.reduce_max(meta["epoch"]), tf.int64), applied,
+                             tf.cast(due, tf.int64)])
+            with tf.control_dependencies([done]):  # the next iteration after this step
+                last = tf.where(train, this, last)
+                last_start = tf.where(train, start, tf.constant(-1.0, tf.float64))
+            ident = tf.where(train, tf.stack([meta["worker"], meta["incarnation"]]), ident)
+            return (i + 1, n > 0, refused, tf.logical_or(stepped, train), last, micros,
+                    last_start, ident)
 
-        _, _, refused, stepped = tf.while_loop(
-            lambda i, more, refused, stepped: tf.logical_and(i < self.steps_per_closure, more),
+        _, _, refused, stepped, last, micros, last_start, ident = tf.while_loop(
+            lambda i, more, *_: tf.logical_and(i < self.steps_per_closure, more),
             body, [tf.constant(0), tf.constant(True),
-                   tf.reshape(tf.gather(self._refused_lease, worker), []), tf.constant(False)])
+                   tf.reshape(tf.gather(self._refused_lease, worker), []), tf.constant(False),
+                   nothing, tf.constant(0.0, tf.float64), tf.constant(-1.0, tf.float64),
+                   tf.constant([-1, -1], tf.int64)])
+
+        # the end of the closure: the last batch's report (with sparse reports: where the
+        # lease got, one RPC per closure)
+        def closure_end():
+            with tf.control_dependencies([last]):
+                now = tf.timestamp()
+            r = report(last, ident, micros + tf.where(last_start >= 0,
+                                                      (now - last_start) * 1e6, 0.0))
+            return tf.where(r > 0, last[0], refused)
+        refused = tf.cond(last[0] >= 0, closure_end, lambda: refused)
         self._refused_lease.scatter_update(tf.IndexedSlices(tf.reshape(refused, [1]), worker))
         if stepped:   # when this worker finished a step last (its clock): busy time
             self._worker_last_step.scatter_update(tf.IndexedSlices(
                 tf.reshape(tf.timestamp(), [1]), worker))
         # no return value: fetching remote tensors from several threads crashed TF
 
+    def _apply_records(self, held=()) -> None:
+        """Sparse reports: tells the master how far each worker's latest lease got, from
+        the records on the PS, and settles ``held`` leases (a lease without a record is
+        settled at the master's own count, which is then exact: its holder trained no
+        batch of it after its last report)."""
+        from antdt_tf.proto import sharding_pb2 as pb
+
+        sent = set()
+        for row, (incarnation, lease, applied) in enumerate(self._lease_record.numpy().tolist()):
+            if incarnation >= 0 and lease >= 0:
+                holder = pb.TaskId(type="worker", index=row // 2, incarnation=incarnation)
+                self.record_fn(self.dataset, lease, holder, applied)
+                sent.add((lease, incarnation))
+        for h in held:
+            if (h.lease_id, h.holder.incarnation) not in sent:
+                self.record_fn(self.dataset, h.lease_id, h.holder, -1)
+        if held:
+            logging.info("settled %d held lease(s) of a dead or silent worker from the PS "
+                         "record: %s", len(held), ", ".join(
+                             f"{h.lease_id} (worker {h.holder.index}, {h.applied} reported)"
+                             for h in held))
+
     def train(self) -> PullResult:
         master, dataset, batch_size = self.master, self.dataset, self.batch_size
+        sparse = self.record_fn is not None
         per_worker = self.coordinator.create_per_worker_dataset(
-            lambda: pull_dataset(master, dataset, batch_size, wait_markers=True))
+            lambda: pull_dataset(master, dataset, batch_size, wait_markers=True,
+                                 sparse_reports=sparse))
         iterator = iter(per_worker)
         slots = threading.Semaphore(self.window)
         errors: list[BaseException] = []
@@ -393,9 +520,14 @@ class PullTrainer(WorkerCounters):
                         and now - last_ckpt >= self.checkpoint_every_seconds):
                     drain()
                     if not errors:
+                        if sparse:   # no step runs now: the records are final
+                            self._apply_records(self.progress_fn().held)
                         self.on_checkpoint()
                     last_ckpt = time.monotonic()
-                if self.progress_fn().finished:
+                progress = self.progress_fn()
+                if sparse and progress.held:
+                    self._apply_records(progress.held)
+                if progress.finished:
                     break
                 # wait for a free slot, but not longer than the progress period: the
                 # reports carry the PS probes, and the Monitor needs them regularly also
