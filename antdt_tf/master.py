@@ -59,6 +59,9 @@ flags.DEFINE_float("lease_max_seconds", 86400.0, "Longest lease.")
 flags.DEFINE_float("lease_factor", 4.0, "A lease lasts this many times the expected time of "
                    "its records (from the slower of the holder's and the dataset's observed "
                    "seconds per record).")
+flags.DEFINE_float("settle_seconds", 10.0, "How long a lease with sparse reports whose holder "
+                   "died or went silent is held for the trainer to settle it from the offset "
+                   "recorded on the PS, before it goes back from the master's own count.")
 flags.DEFINE_integer("max_shard_failures", 3, "A shard that failed (FAILED, expired lease or "
                      "holder died) this often in one epoch is set aside as poisoned.")
 flags.DEFINE_float("grace_seconds", 5.0, "Drain time for in-flight calls on SIGTERM.")
@@ -96,7 +99,8 @@ def _lease_config() -> LeaseConfig:
         return LeaseConfig(min_seconds=FLAGS.lease_min_seconds,
                            initial_seconds=FLAGS.lease_initial_seconds,
                            max_seconds=FLAGS.lease_max_seconds, factor=FLAGS.lease_factor,
-                           max_failures=FLAGS.max_shard_failures)
+                           max_failures=FLAGS.max_shard_failures,
+                           settle_seconds=FLAGS.settle_seconds)
     except ValueError as e:
         raise app.UsageError(f"bad lease flags: {e}") from e
 

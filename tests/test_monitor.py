@@ -52,6 +52,18 @@ def test_bpt_window_median_rate_and_idle_gaps():
     assert len(w) == 1
 
 
+def test_a_sparse_report_counts_its_steps_and_the_workers_own_time():
+    """One report per lease (sparse reports): 8 steps of 32 records in 0.4 s of the
+    worker's own time count as 8 steps of 0.05 s; the gap since the last report (which
+    includes waiting between closures) does not matter."""
+    w = BptWindow(window_seconds=10, idle_gap_seconds=1)
+    w.add(1.0, 256, seconds=0.4, steps=8)
+    w.add(3.0, 256, seconds=0.4, steps=8)
+    assert len(w) == 16
+    assert w.step_seconds() == pytest.approx(0.05)
+    assert w.records_per_second() == pytest.approx(512 / 0.8)
+
+
 def test_transient_burst_is_transient_then_normal_again():
     c = StragglerClassifier(CFG)
     js = drive(c, 20, lambda t: 4.0 if 6 <= t < 9 else 1.0)

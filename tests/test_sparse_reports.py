@@ -142,10 +142,16 @@ def test_leases_that_may_be_stolen_are_still_reported_per_batch():
     # a trainer without a PS record: never
     state, _ = make()
     assert not lease(state, W(0), sparse_ok=False).sparse_reports
-    # tail stealing: the tail of the epoch (<= 2 shards per live worker left) is dense
-    state, _ = make(tail_stealing=True)
-    flags = [lease(state, W(i % 2)).sparse_reports for i in range(10)]
-    assert flags == [True] * 6 + [False] * 4
+    # tail stealing: a holder's leases before its pace is known (its first), and the
+    # tail of the epoch (<= 2 shards per live worker left) are dense
+    state, clock = make(tail_stealing=True)
+    first = [lease(state, W(i)) for i in range(2)]
+    assert [s.sparse_reports for s in first] == [False, False]
+    clock.now += 1
+    for i, s in enumerate(first):
+        report(state, s, W(i), s.length, DONE)
+    flags = [lease(state, W(i % 2)).sparse_reports for i in range(8)]
+    assert flags == [True] * 4 + [False] * 4
 
 
 def test_a_slow_holder_gets_dense_leases_so_that_they_can_be_stolen():

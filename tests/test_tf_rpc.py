@@ -112,7 +112,7 @@ def test_a_new_incarnation_takes_back_the_old_ones_leases(master):
                               tf.constant([0], tf.int32), c64([1])], [I64],
      tf.errors.InvalidArgumentError),
     ("antdt.report", lambda: [tf.constant("d"), c64(0), c64(1), c64([1]), c64([1]),
-                              tf.constant([0], tf.int32), c64([1]), c64(-3)], [I64],
+                              tf.constant([0], tf.int32), c64([1]), c64(-3), c64(1)], [I64],
      tf.errors.InvalidArgumentError),
     ("antdt.next", lambda: [tf.constant("d"), c64(0), c64(1), c64(1), c64(-1)],
      pull._NEXT_TYPES, tf.errors.InvalidArgumentError),
@@ -230,8 +230,8 @@ def test_sparse_reports_open_next_report_and_the_held_lease(master):
     master.server.tf_rpc.on_step = lambda *a: steps.append(a)
     (rejected,) = call(master, "antdt.report", [d, c64(5), c64(inc), c64([lease]), c64([shard]),
                                                 tf.constant([epoch], tf.int32), c64([40]),
-                                                c64(250_000)], [I64])
-    assert rejected == 0 and steps == [(5, inc, 40, 0.25)]
+                                                c64(250_000), c64(5)], [I64])
+    assert rejected == 0 and steps == [(5, inc, 40, 0.25, 5)]
     (again,) = call(master, "antdt.open", [d, c64(5)], [I64])
     assert (again - inc) % 2 == 1
     *_, sparse = call(master, "antdt.next", [d, c64(5), c64(again), c64(1)], pull._NEXT_TYPES)

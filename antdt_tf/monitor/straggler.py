@@ -81,27 +81,35 @@ class _TimeWindow:
 
 
 class BptWindow(_TimeWindow):
-    """One worker's recent steps: (end time, seconds since its previous step, records)."""
+    """One worker's recent reports: (end time, seconds, records, steps). A report may
+    cover several steps (sparse reports: one per lease); its length is its steps."""
 
     def __init__(self, window_seconds: float, idle_gap_seconds: float):
         super().__init__(window_seconds)
         self.idle_gap_seconds = idle_gap_seconds
         self._last: Optional[float] = None
 
-    def add(self, now: float, records: int, seconds: Optional[float] = None) -> None:
-        """A step of ``records`` ended ``now``. Its time is ``seconds`` if the worker
-        measured it (BSP: rounds make arrival gaps equal), else the gap since the
-        previous step (async: a gap over ``idle_gap_seconds`` is idle, not work)."""
+    def add(self, now: float, records: int, seconds: Optional[float] = None,
+            steps: int = 1) -> None:
+        """``steps`` steps of ``records`` in all ended ``now``. Their time is
+        ``seconds`` if the worker measured it (BSP: rounds make arrival gaps equal; the
+        custom loop's reports), else the gap since the previous report (a gap over
+        ``idle_gap_seconds`` is idle, not work)."""
+        steps = max(1, steps)
         if seconds is not None:
             if seconds > 0:
-                self._samples.append((now, seconds, records))
+                self._samples.append((now, seconds, records, steps))
         elif self._last is not None and 0 < now - self._last <= self.idle_gap_seconds:
-            self._samples.append((now, now - self._last, records))
+            self._samples.append((now, now - self._last, records, steps))
         self._last = now
         self.trim(now)
 
+    def __len__(self) -> int:
+        """Steps in the window (what ``min_samples`` counts)."""
+        return sum(s[3] for s in self._samples)
+
     def step_seconds(self) -> float:
-        return statistics.median(s[1] for s in self._samples) if self._samples else 0.0
+        return statistics.median(s[1] / s[3] for s in self._samples) if self._samples else 0.0
 
     def records_per_second(self) -> float:
         busy = sum(s[1] for s in self._samples)
@@ -191,14 +199,14 @@ class StragglerClassifier:
         self._ps_min_samples = min(config.min_samples, 4)
 
     def observe_step(self, worker: int, incarnation: int, now: float, records: int,
-                     seconds: Optional[float] = None) -> None:
+                     seconds: Optional[float] = None, steps: int = 1) -> None:
         if self._incarnation.get(worker) != incarnation:
             # a new process (maybe on another host): its history starts over
             self._incarnation[worker] = incarnation
             self._bpt[worker] = BptWindow(self.config.window_seconds,
                                           self.config.idle_gap_seconds)
             self._history.pop(("worker", worker), None)
-        self._bpt[worker].add(now, records, seconds)
+        self._bpt[worker].add(now, records, seconds, steps)
 
     def observe_ps_latency(self, ps: int, now: float, latency_ms: float) -> None:
         self._ps_seen.add(ps)

@@ -40,10 +40,11 @@ class ClusterView:
         self.classifier = StragglerClassifier(straggler)
 
     def observe_step(self, worker: int, incarnation: int, records: int,
-                     seconds: float | None = None) -> None:
+                     seconds: float | None = None, steps: int = 1) -> None:
         """A worker reported a trained batch (called by the master for every report);
         ``seconds``: the step's time as the worker measured it (BSP mode)."""
-        self.classifier.observe_step(worker, incarnation, self._clock(), records, seconds)
+        self.classifier.observe_step(worker, incarnation, self._clock(), records, seconds,
+                                     steps)
 
     def report_agent(self, report: cpb.AgentReport) -> bool:
         if not report.host:

@@ -909,9 +909,12 @@ class ShardState:
         """Whether a lease for ``t`` must be reported after every batch even though its
         trainer could report sparsely: only a lease reported per batch can be stolen or
         backed up (the master must know where its holder is), and those are the tail of
-        an epoch and the leases of slow holders."""
+        an epoch and the leases of slow holders — or of holders whose pace is not known
+        yet (a worker slowed from the start holds its first lease longest)."""
         if not (run.spec.tail_stealing or run.spec.backup_leases):
             return False
+        if t.seconds_per_record <= 0 or run.seconds_per_record <= 0:
+            return True
         live = sum(1 for x in self._tasks.values() if x.type == t.type and not x.dead)
         if run.todo_shards() <= _DENSE_TAIL_SHARDS_PER_WORKER * max(1, live):
             return True

@@ -28,14 +28,14 @@ sparse: int64)``
     batch: the master may steal or back up its rest, for which it must know where the
     holder is).
 ``antdt.report(dataset, worker, incarnation, leases: int64[], shards: int64[],
-epochs: int32[], applied: int64[][, micros: int64]) -> rejected: int64``
+epochs: int32[], applied: int64[][, micros, steps: int64]) -> rejected: int64``
     After a training step (or, sparse, several): ``applied[i]`` records of ``leases[i]`` (from its start) are
     trained. A lease whose records are all applied becomes DONE, otherwise PROGRESS (so
     a re-issue resumes after them). Reports the master cannot accept (the lease was
     re-issued after an expiry or a restore, or the incarnation was replaced) are
     counted in ``rejected`` and change nothing; the step itself is not failed for them.
-    ``micros``: the worker's own time in the steps since its previous report (the
-    Monitor's BPT; without it, the time between reports).
+    ``micros``: the worker's own time in the ``steps`` steps since its previous report
+    (the Monitor's BPT; without it, the time between reports, one step).
 
 ``antdt.step(dataset, worker, incarnation, records, micros: int64) -> 0: int64``
     BSP mode: a worker computed a gradient over ``records`` in ``micros`` of its own
@@ -193,11 +193,13 @@ class TfRpcServicer:
             _i64(self.sharding.batch_size_of(dataset, task.index)), _i64(int(s.sparse_reports))])
 
     def report(self, req) -> tpb.TfCallResponse:
-        seconds = None
-        if len(req.input_tensors) == 8:
+        seconds, steps = None, 1
+        if len(req.input_tensors) in (8, 9):
             micros = _scalar(req.input_tensors[7], tpb.DT_INT64, "micros")
-            if micros < 0:
-                raise InvalidRequest(f"micros must be >= 0, got {micros}")
+            if len(req.input_tensors) == 9:
+                steps = _scalar(req.input_tensors[8], tpb.DT_INT64, "steps")
+            if micros < 0 or steps < 1:
+                raise InvalidRequest(f"micros must be >= 0 and steps >= 1, got {micros}, {steps}")
             seconds = micros / 1e6
             req = tpb.TfCallRequest(method=req.method, input_tensors=req.input_tensors[:7])
         dataset_t, worker_t, inc_t, leases_t, shards_t, epochs_t, applied_t = self._args(req, 7)
@@ -228,7 +230,7 @@ class TfRpcServicer:
         self.sharding.after_call()
         if self.on_step is not None and rejected < len(leases):
             self.on_step(task.index, task.incarnation,
-                         self.state.task_records(task.type, task.index) - before, seconds)
+                         self.state.task_records(task.type, task.index) - before, seconds, steps)
         return tpb.TfCallResponse(output_tensors=[_i64(rejected)])
 
     def step(self, req) -> tpb.TfCallResponse:

@@ -50,6 +50,7 @@ def _padding(worker, incarnation):
                 "antdt": {"lease": tf.fill([1], tf.constant(-1, tf.int64)),
                           "shard": tf.zeros([1], tf.int64), "epoch": tf.zeros([1], tf.int32),
                           "applied": tf.zeros([1], tf.int64), "length": tf.zeros([1], tf.int64),
+                          "sparse": tf.zeros([1], tf.int64),
                           "worker": worker, "incarnation": incarnation}}
     return features, tf.zeros([1]), tf.zeros([1])
 

@@ -360,12 +360,12 @@ class PullTrainer(WorkerCounters):
         # lease (-1: none), shard, epoch, applied (of the lease), due (report it now)
         nothing = tf.constant([-1, 0, 0, 0, 0], tf.int64)
 
-        def report(last, ident, micros):
+        def report(last, ident, micros, steps):
             client = _client(self.master, DEFAULT_TIMEOUT_MS, "report")
             (rejected,) = _call(client, "antdt.report", [
                 tf.constant(self.dataset), ident[0], ident[1], last[0:1], last[1:2],
-                tf.cast(last[2:3], tf.int32), last[3:4], tf.cast(micros, tf.int64)],
-                [tf.int64], DEFAULT_TIMEOUT_MS)
+                tf.cast(last[2:3], tf.int32), last[3:4], tf.cast(micros, tf.int64),
+                tf.maximum(steps, 1)], [tf.int64], DEFAULT_TIMEOUT_MS)
             return rejected
 
         def replica_fn(batch, worker):
@@ -400,16 +400,17 @@ class PullTrainer(WorkerCounters):
         # edge back from the PS in *every* step, reported or not (measured ≈ 5 % of a
         # step's CPU). The next step still waits for the report (its predicate reads
         # the refusal), so a holder is never more than one batch past its last report.
-        def body(i, more, refused, stepped, last, micros, last_start, ident):
+        def body(i, more, refused, stepped, last, micros, steps, last_start, ident):
             with tf.control_dependencies([last]):   # after the previous step
                 now = tf.timestamp()
             micros += tf.where(last_start >= 0, (now - last_start) * 1e6, 0.0)
             due = tf.logical_and(last[0] >= 0, last[4] > 0)
-            rejected = tf.cond(due, lambda: report(last, ident, micros),
+            rejected = tf.cond(due, lambda: report(last, ident, micros, steps),
                                lambda: tf.constant(0, tf.int64))
             refused = tf.where(rejected > 0, last[0], refused)
             last = tf.where(due, nothing, last)
             micros = tf.where(due, tf.constant(0.0, tf.float64), micros)
+            steps = tf.where(due, tf.constant(0, tf.int64), steps)
 
             batch = iterator.get_next_as_optional()
             has = batch.has_value()
@@ -438,14 +439,16 @@ class PullTrainer(WorkerCounters):
                 last = tf.where(train, this, last)
                 last_start = tf.where(train, start, tf.constant(-1.0, tf.float64))
             ident = tf.where(train, tf.stack([meta["worker"], meta["incarnation"]]), ident)
-            return (i + 1, n > 0, refused, tf.logical_or(stepped, train), last, micros,
+            steps += tf.cast(train, tf.int64)
+            return (i + 1, n > 0, refused, tf.logical_or(stepped, train), last, micros, steps,
                     last_start, ident)
 
-        _, _, refused, stepped, last, micros, last_start, ident = tf.while_loop(
+        _, _, refused, stepped, last, micros, steps, last_start, ident = tf.while_loop(
             lambda i, more, *_: tf.logical_and(i < self.steps_per_closure, more),
             body, [tf.constant(0), tf.constant(True),
                    tf.reshape(tf.gather(self._refused_lease, worker), []), tf.constant(False),
-                   nothing, tf.constant(0.0, tf.float64), tf.constant(-1.0, tf.float64),
+                   nothing, tf.constant(0.0, tf.float64), tf.constant(0, tf.int64),
+                   tf.constant(-1.0, tf.float64),
                    tf.constant([-1, -1], tf.int64)])
 
         # the end of the closure: the last batch's report (with sparse reports: where the
@@ -454,7 +457,7 @@ class PullTrainer(WorkerCounters):
             with tf.control_dependencies([last]):
                 now = tf.timestamp()
             r = report(last, ident, micros + tf.where(last_start >= 0,
-                                                      (now - last_start) * 1e6, 0.0))
+                                                      (now - last_start) * 1e6, 0.0), steps)
             return tf.where(r > 0, last[0], refused)
         refused = tf.cond(last[0] >= 0, closure_end, lambda: refused)
         self._refused_lease.scatter_update(tf.IndexedSlices(tf.reshape(refused, [1]), worker))
