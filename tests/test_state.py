@@ -608,8 +608,9 @@ def test_a_checkpoint_does_not_claim_a_stolen_leases_unreported_batch():
 
 
 def test_tail_stealing_takes_a_prefetched_lease_after_its_first_batch():
-    """A slow worker's lease it has not reported on yet (prefetched, or its first batch in
-    training) is stolen too: its batch size from earlier reports counts as in flight."""
+    """A slow worker's lease it has not reported on yet (prefetched) is left alone: the
+    batch counted in flight would be lost if the job ended before the holder got to it.
+    Once the holder reported its first batch, the rest is stolen one batch ahead."""
     clock = Clock()
     state = ShardState(LeaseConfig(), clock=clock)
     state.register_dataset(DatasetSpec("train", records_per_shard=100, num_records=400,
@@ -624,12 +625,14 @@ def test_tail_stealing_takes_a_prefetched_lease_after_its_first_batch():
         c = state.get_shard("train", fast).shard
         clock.now += 1
         report(state, c, fast)
+    assert state.get_shard("train", fast).status == WAIT      # b is not reported on yet
+    report(state, b, slow, PROGRESS, records=10)
     stolen = state.get_shard("train", fast)
     assert stolen.status == SHARD
     assert (stolen.shard.shard_id, stolen.shard.start, stolen.shard.length) == (
-        b.shard_id, b.start + 10, 90)                # its first batch stays with slow
+        b.shard_id, b.start + 20, 80)                # its next batch stays with slow
     with pytest.raises(LeaseNotHeld):
-        report(state, b, slow, PROGRESS, records=10)
+        report(state, b, slow, PROGRESS, records=20)
     report(state, stolen.shard, fast)
     p = progress(state)
     assert p.finished and p.records_done_total == 400 and p.stolen_leases == 1

@@ -824,8 +824,10 @@ class ShardState:
         """The lease whose rest the idle ``thief`` would finish soonest relative to its
         holder, and the records the holder may be training in it now (one batch after its
         last report: a worker trains and reports one batch at a time). A lease not reported
-        on yet (prefetched, or its first batch in training) counts the holder's batch size
-        from its other leases as in flight. At least two batches must be left after that,
+        on yet is not stolen (it may be prefetched behind another lease, so the holder may
+        not reach its first batch before the job ends: that batch, counted as in flight,
+        was lost — seen in CI); a backup of it counts the holder's batch size from its
+        other leases as in flight. At least two batches must be left after that,
         and the holder must need 1.5 times longer than the thief. The holder's speed is its
         pace on this lease once it reported on it (a worker that slowed down mid-lease, or
         has not finished a lease yet, is judged by what it does now), else its past pace.
@@ -838,6 +840,8 @@ class ShardState:
                     or (unpaired and lease.pair is not None)):
                 continue
             holder = self._tasks[lease.task_key]
+            if not lease.applied and not unpaired:
+                continue
             in_flight = lease.last_delta or (holder.batch_records if not lease.applied else 0)
             if in_flight <= 0:
                 continue
