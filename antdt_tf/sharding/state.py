@@ -780,12 +780,6 @@ class ShardState:
             self._hold(lease, now)
             t.failures += 1
             return lease
-        if lease.held:   # RELEASED, or EXPIRED: the settle timeout passed
-            del run.doing[lease.lease_id]
-            self._count_applied(run, t, lease, max(lease.applied, ev.records_processed))
-            self._give_back(run, lease, count_failure=True)
-            self._maybe_next_epoch(run)
-            return lease
         del run.doing[lease.lease_id]
         t.leases.discard(lease.lease_id)
         partner = run.doing.get(lease.partner) if lease.partner else None
@@ -812,10 +806,11 @@ class ShardState:
             self._count_applied(run, t, lease, ev.records_processed)
             self._give_back(run, lease, count_failure=False)
             run.stolen_leases += 1
-        else:  # FAILED or EXPIRED
+        else:  # FAILED or EXPIRED; a held lease: RELEASED, or EXPIRED (settle timeout)
             self._count_applied(run, t, lease, ev.records_processed)
             self._give_back(run, lease, count_failure=True)
-            t.failures += 1
+            if not lease.held:   # a held lease's failure was counted when it was held
+                t.failures += 1
         self._maybe_next_epoch(run)
         return lease
 
@@ -922,8 +917,7 @@ class ShardState:
         live = sum(1 for x in self._tasks.values() if x.type == t.type and not x.dead)
         if run.todo_shards() <= _DENSE_TAIL_SHARDS_PER_WORKER * max(1, live):
             return True
-        return (run.seconds_per_record > 0
-                and t.seconds_per_record > _DENSE_SLOWNESS * run.seconds_per_record)
+        return t.seconds_per_record > _DENSE_SLOWNESS * run.seconds_per_record
 
     def _release_all(self, t: _Task, now: float) -> None:
         for lease_id in sorted(t.leases):

@@ -400,10 +400,14 @@ class PullTrainer(WorkerCounters):
         # edge back from the PS in *every* step, reported or not (measured ≈ 5 % of a
         # step's CPU). The next step still waits for the report (its predicate reads
         # the refusal), so a holder is never more than one batch past its last report.
-        def body(i, more, refused, stepped, last, micros, steps, last_start, ident):
+        def last_step_micros(last, last_start):
+            """The previous step's own time (from after its get_next), 0 if none."""
             with tf.control_dependencies([last]):   # after the previous step
                 now = tf.timestamp()
-            micros += tf.where(last_start >= 0, (now - last_start) * 1e6, 0.0)
+            return tf.where(last_start >= 0, (now - last_start) * 1e6, 0.0)
+
+        def body(i, more, refused, stepped, last, micros, steps, last_start, ident):
+            micros += last_step_micros(last, last_start)
             due = tf.logical_and(last[0] >= 0, last[4] > 0)
             rejected = tf.cond(due, lambda: report(last, ident, micros, steps),
                                lambda: tf.constant(0, tf.int64))
@@ -454,10 +458,7 @@ class PullTrainer(WorkerCounters):
         # the end of the closure: the last batch's report (with sparse reports: where the
         # lease got, one RPC per closure)
         def closure_end():
-            with tf.control_dependencies([last]):
-                now = tf.timestamp()
-            r = report(last, ident, micros + tf.where(last_start >= 0,
-                                                      (now - last_start) * 1e6, 0.0), steps)
+            r = report(last, ident, micros + last_step_micros(last, last_start), steps)
             return tf.where(r > 0, last[0], refused)
         refused = tf.cond(last[0] >= 0, closure_end, lambda: refused)
         self._refused_lease.scatter_update(tf.IndexedSlices(tf.reshape(refused, [1]), worker))
