@@ -47,19 +47,22 @@ def run_job(tmp_path, num_records, records_per_shard, batch_size, kill_worker_af
     """Runs master + 1 PS + 2 workers + coordinator; optionally SIGKILLs worker 1 once
     that many shards are DONE. Returns (report, final progress, shards done at kill,
     coordinator log)."""
-    killed_at = []
+    killed_at, holding = [], []
     with pss_cluster(tmp_path, num_records, records_per_shard) as (master, cluster, admin):
 
         def maybe_kill(_coordinator):
             if kill_worker_after_shards is not None and not killed_at:
                 done = admin.progress("train").datasets[0].done_shards
                 if done >= kill_worker_after_shards:
+                    holding.extend(t.doing_shards for t in admin.progress("train").tasks
+                                   if (t.task.type, t.task.index) == ("worker", 1))
                     cluster.kill("worker", 1)
                     killed_at.append(done)
 
         report = run_local_job(tmp_path, master, cluster, batch_size, buckets=4096,
                                timeout=240, on_poll=maybe_kill, flags=flags)
         progress = admin.progress("train").datasets[0]
+    report["killed_worker_leases"] = sum(holding)   # leases it held just before the kill
     return report, progress, (killed_at or [None])[0], report["log"]
 
 
@@ -83,8 +86,10 @@ def test_worker_sigkill_mid_shard_costs_at_most_one_batch(tmp_path):
     assert killed_at is not None and killed_at < shards, "the kill must land mid-run"
     assert "Putting back a closure after it failed" in log   # a shard was really re-run
     # sparse reports (the default): the dead worker's leases were held by the master and
-    # settled from the offsets its steps recorded on the PS
-    assert "settled" in log and "held lease(s) of a dead or silent worker" in log
+    # settled from the offsets its steps recorded on the PS (when the kill landed while
+    # it held a lease; between two leases there is nothing to settle — seen once)
+    if report["killed_worker_leases"]:
+        assert "settled" in log and "held lease(s) of a dead or silent worker" in log
     audit = report["audit"]
     assert audit["applied_0"] == 0
     assert audit["applied_2plus"] <= 128
