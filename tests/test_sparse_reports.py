@@ -14,20 +14,10 @@ from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.plan import DatasetSpec
 from antdt_tf.sharding.state import LeaseConfig, ShardState
 
+from state_helpers import Clock, W, progress
+
 SHARD = pb.GetShardResponse.SHARD
 PROGRESS, DONE = pb.ReportShardRequest.PROGRESS, pb.ReportShardRequest.DONE
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
-def W(index, incarnation=0):
-    return pb.TaskId(type="worker", index=index, incarnation=incarnation)
 
 
 def make(records=100, rps=10, journal=None, **spec):
@@ -49,10 +39,6 @@ def report(state, shard, task, records, outcome=PROGRESS):
     return state.report_shard(pb.ReportShardRequest(
         dataset="train", task=task, lease_id=shard.lease_id, shard_id=shard.shard_id,
         epoch=shard.epoch, outcome=outcome, records_processed=records))
-
-
-def progress(state):
-    return state.progress("train").datasets[0]
 
 
 def test_a_dead_holders_sparse_lease_is_held_until_the_record_settles_it():

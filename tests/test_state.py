@@ -11,21 +11,11 @@ from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.plan import DatasetSpec
 from antdt_tf.sharding.state import LeaseConfig, ShardState
 
+from state_helpers import Clock, W, progress
+
 SHARD, WAIT, END = pb.GetShardResponse.SHARD, pb.GetShardResponse.WAIT, pb.GetShardResponse.END
 DONE, FAILED, PROGRESS = (pb.ReportShardRequest.DONE, pb.ReportShardRequest.FAILED,
                           pb.ReportShardRequest.PROGRESS)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
-def W(index, incarnation=0):
-    return pb.TaskId(type="worker", index=index, incarnation=incarnation)
 
 
 def report(state, shard, task, outcome=DONE, records=None, get_next=False):
@@ -52,10 +42,6 @@ def drain(state, task, dataset="train"):
             return ranges, r.status
         ranges.append((r.shard.start, r.shard.length))
         report(state, r.shard, task)
-
-
-def progress(state, dataset="train"):
-    return state.progress(dataset).datasets[0]
 
 
 def test_one_worker_trains_everything_once_then_end():

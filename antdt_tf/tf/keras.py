@@ -38,7 +38,7 @@ import tensorflow as tf
 import tf_keras as keras   # the [tf] extra installs it; TF_USE_LEGACY_KERAS=1 makes it tf.keras
 
 from antdt_tf.data.criteo import NUM_DENSE, NUM_SPARSE
-from antdt_tf.tf.pull import DEFAULT_TIMEOUT_MS, _call, _client, pull_dataset, run_step
+from antdt_tf.tf.pull import DEFAULT_TIMEOUT_MS, pull_dataset, report_applied, run_step
 
 log = logging.getLogger(__name__)
 
@@ -156,15 +156,9 @@ class ShardingCallback(keras.callbacks.Callback):
             logs, effects = run_step(step)
 
             def send():
-                leases, idx = tf.unique(report["lease"])
-                n = tf.shape(leases)[0]
-                args = [tf.constant(dataset), tf.reshape(meta["worker"], []),
-                        tf.reshape(meta["incarnation"], []), leases,
-                        tf.math.unsorted_segment_max(report["shard"], idx, n),
-                        tf.math.unsorted_segment_max(report["epoch"], idx, n),
-                        tf.math.unsorted_segment_max(report["applied"], idx, n)]
-                return _call(_client(master, timeout_ms, "report"), "antdt.report", args,
-                             [tf.int64], timeout_ms)[0]
+                return report_applied(master, dataset, dict(
+                    report, worker=meta["worker"], incarnation=meta["incarnation"]),
+                    timeout_ms)
 
             with tf.control_dependencies(effects):
                 tf.cond(tf.reduce_any(real), send, lambda: tf.constant(0, tf.int64))

@@ -9,8 +9,9 @@ could wait forever at the end of the data, when that lease is its own remainder)
 coordinator. A worker that is fast simply asks more often, so it gets more shards.
 
 Every batch carries, per record, the lease it came from and its position in the lease.
-After the training step has applied a batch, :func:`report_applied` tells the master how
-far each lease got (in the same closure, on the worker). So the master's offsets are
+After the training step has applied a batch, the worker tells the master how far each
+lease got (``antdt.report``, built by :func:`send_report`; :func:`report_applied` for a
+whole batch — the Keras path; in the same function, on the worker). So the master's offsets are
 exactly what the model has seen, up to the one batch in flight when a worker dies:
 re-issued leases resume after the applied records, and a checkpoint taken with no
 closure in flight holds model and sharding state that agree.
@@ -118,7 +119,7 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     Call inside the ``dataset_fn`` of ``ClusterCoordinator.create_per_worker_dataset``
     (or a Keras ``DatasetCreator``): it runs on each worker. Elements are dicts of the
     decoded features (``label``, ``dense``, ``sparse``) plus ``record_id`` (global record
-    index, for the audit) and ``antdt`` (what :func:`report_applied` needs). The dataset
+    index, for the audit) and ``antdt`` (what :func:`report_applied` needs: lease, shard, epoch, position). The dataset
     ends when the master says every epoch is done.
 
     ``wait_markers``: when the master has nothing for this worker now (WAIT, after its
@@ -216,25 +217,40 @@ def run_step(step_fn, *args):
     return result, effects
 
 
+def send_report(master: str, dataset: str, worker, incarnation, leases, shards, epochs,
+                applied, micros=None, steps=None, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+    """``antdt.report``: ``applied[i]`` records of ``leases[i]`` (from its start) are
+    trained. ``micros``/``steps``: the worker's own time in the steps since its previous
+    report (the Monitor's BPT; without them the master times the gap, one step).
+    Returns how many of the leases the master rejected: a rejected lease is no longer
+    this worker's (taken over by tail stealing, expired, revoked), its further batches
+    must not be applied. The one builder of the call's arguments for every trainer."""
+    args = [tf.constant(dataset), tf.reshape(tf.cast(worker, tf.int64), []),
+            tf.reshape(tf.cast(incarnation, tf.int64), []), leases, shards,
+            tf.cast(epochs, tf.int32), applied]
+    if micros is not None:
+        args += [tf.cast(micros, tf.int64), tf.cast(steps, tf.int64)]
+    (rejected,) = _call(_client(master, timeout_ms, "report"), "antdt.report", args,
+                        [tf.int64], timeout_ms)
+    return rejected
+
+
 def report_applied(master: str, dataset: str, meta: dict,
                    timeout_ms: int = DEFAULT_TIMEOUT_MS):
-    """Tells the master how far each lease in a trained batch got. Call after the step
-    (in the same tf.function, under ``tf.control_dependencies`` on the step's effects:
-    see :func:`run_step`).
-    Returns how many of the batch's leases the master rejected: a rejected lease is no
-    longer this worker's (taken over by tail stealing, expired, revoked), its further
-    batches must not be applied. (What the batch counts for the worker's own counters:
+    """Tells the master how far each lease in a trained batch got (a batch of
+    :func:`pull_dataset`'s, or its real records: ``meta``'s per-record ``lease``,
+    ``shard``, ``epoch``, ``applied`` and the batch's ``worker``, ``incarnation``). Call
+    after the step (in the same tf.function, under ``tf.control_dependencies`` on the
+    step's effects: see :func:`run_step`). Returns the rejected count of
+    :func:`send_report`. (What the batch counts for the worker's own counters:
     :func:`batch_counts`.)"""
     leases, idx = tf.unique(meta["lease"])
     n = tf.shape(leases)[0]
-    applied = tf.math.unsorted_segment_max(meta["applied"], idx, n)
-    shards = tf.math.unsorted_segment_max(meta["shard"], idx, n)
-    epochs = tf.math.unsorted_segment_max(meta["epoch"], idx, n)
-    client = _client(master, timeout_ms, "report")
-    (rejected,) = _call(client, "antdt.report",
-                        [tf.constant(dataset), meta["worker"], meta["incarnation"], leases,
-                         shards, epochs, applied], [tf.int64], timeout_ms)
-    return rejected
+    return send_report(master, dataset, meta["worker"], meta["incarnation"], leases,
+                       tf.math.unsorted_segment_max(meta["shard"], idx, n),
+                       tf.math.unsorted_segment_max(meta["epoch"], idx, n),
+                       tf.math.unsorted_segment_max(meta["applied"], idx, n),
+                       timeout_ms=timeout_ms)
 
 
 def batch_counts(meta):
@@ -245,6 +261,33 @@ def batch_counts(meta):
         records > 0, tf.equal(tf.reduce_max(meta["applied"]), tf.reduce_max(meta["length"]))),
         tf.int64)
     return tf.stack([records, finished])
+
+
+def apply_lease_records(record_fn, dataset: str, rows, held=()) -> None:
+    """Sparse reports, the settling side: tells the master how far each worker's latest
+    lease got, from the record rows on the PS (``(incarnation, lease, applied before
+    the batch)``, two rows per worker slot by incarnation parity), and settles ``held``
+    leases (``DatasetProgress.held``; a lease without a row is settled at the master's
+    own count, which is then exact: its holder trained no batch of it after its last
+    report). ``record_fn``: ``ShardingClient.apply_lease_record``. Shared by
+    :class:`PullTrainer` and the TF1 chief's ``LeaseSettleHook``."""
+    from antdt_tf.proto import sharding_pb2 as pb
+
+    sent = set()
+    for row, (incarnation, lease, applied) in enumerate(
+            [int(v) for v in r] for r in rows):
+        if incarnation >= 0 and lease >= 0:
+            holder = pb.TaskId(type="worker", index=row // 2, incarnation=incarnation)
+            record_fn(dataset, lease, holder, applied)
+            sent.add((lease, incarnation))
+    for h in held:
+        if (h.lease_id, h.holder.incarnation) not in sent:
+            record_fn(dataset, h.lease_id, h.holder, -1)
+    if held:
+        logging.info("settled %d held lease(s) of a dead or silent worker from the PS "
+                     "record: %s", len(held), ", ".join(
+                         f"{h.lease_id} (worker {h.holder.index}, {h.applied} reported)"
+                         for h in held))
 
 
 @dataclasses.dataclass
@@ -361,12 +404,8 @@ class PullTrainer(WorkerCounters):
         nothing = tf.constant([-1, 0, 0, 0, 0], tf.int64)
 
         def report(last, ident, micros, steps):
-            client = _client(self.master, DEFAULT_TIMEOUT_MS, "report")
-            (rejected,) = _call(client, "antdt.report", [
-                tf.constant(self.dataset), ident[0], ident[1], last[0:1], last[1:2],
-                tf.cast(last[2:3], tf.int32), last[3:4], tf.cast(micros, tf.int64),
-                tf.maximum(steps, 1)], [tf.int64], DEFAULT_TIMEOUT_MS)
-            return rejected
+            return send_report(self.master, self.dataset, ident[0], ident[1], last[0:1],
+                               last[1:2], last[2:3], last[3:4], micros, tf.maximum(steps, 1))
 
         def replica_fn(batch, worker):
             meta = batch.pop("antdt")
@@ -468,26 +507,9 @@ class PullTrainer(WorkerCounters):
         # no return value: fetching remote tensors from several threads crashed TF
 
     def _apply_records(self, held=()) -> None:
-        """Sparse reports: tells the master how far each worker's latest lease got, from
-        the records on the PS, and settles ``held`` leases (a lease without a record is
-        settled at the master's own count, which is then exact: its holder trained no
-        batch of it after its last report)."""
-        from antdt_tf.proto import sharding_pb2 as pb
-
-        sent = set()
-        for row, (incarnation, lease, applied) in enumerate(self._lease_record.numpy().tolist()):
-            if incarnation >= 0 and lease >= 0:
-                holder = pb.TaskId(type="worker", index=row // 2, incarnation=incarnation)
-                self.record_fn(self.dataset, lease, holder, applied)
-                sent.add((lease, incarnation))
-        for h in held:
-            if (h.lease_id, h.holder.incarnation) not in sent:
-                self.record_fn(self.dataset, h.lease_id, h.holder, -1)
-        if held:
-            logging.info("settled %d held lease(s) of a dead or silent worker from the PS "
-                         "record: %s", len(held), ", ".join(
-                             f"{h.lease_id} (worker {h.holder.index}, {h.applied} reported)"
-                             for h in held))
+        """Sparse reports: brings the master up to the records on the PS and settles
+        ``held`` leases (:func:`apply_lease_records`)."""
+        apply_lease_records(self.record_fn, self.dataset, self._lease_record.numpy(), held)
 
     def train(self) -> PullResult:
         master, dataset, batch_size = self.master, self.dataset, self.batch_size
