@@ -33,6 +33,9 @@ flags.DEFINE_string("model_dir", None, "Checkpoints (model + sharding state).")
 flags.DEFINE_integer("save_secs", 2, "Seconds between checkpoints.")
 flags.DEFINE_string("eval_data", "", "Chief: held-out record file for the final AUC.")
 flags.DEFINE_string("report_json", "", "Chief: write the JSON report here.")
+flags.DEFINE_boolean("sparse_reports", True, "Report a lease when it is finished (steps record "
+                     "their position on the PS; the chief settles dead workers' leases) "
+                     "instead of after every step.")
 flags.DEFINE_string("standby_file", "", "Moving to another host (antdt-launch's RelaunchWorker): "
                     "import TensorFlow, write this file, wait until the task's address is "
                     "free (its old process killed), then serve and train.")
@@ -95,7 +98,8 @@ def main(argv):
         tf.estimator.train_and_evaluate(estimator, *unused)
         return
     # --- the antdt-tf lines ----------------------------------------------------------
-    feed = ShardFeed(FLAGS.master, FLAGS.dataset, FLAGS.batch_size)
+    feed = ShardFeed(FLAGS.master, FLAGS.dataset, FLAGS.batch_size,
+                     sparse_reports=FLAGS.sparse_reports)
     train_spec = tf.estimator.TrainSpec(feed.input_fn, hooks=feed.hooks(),
                                         saving_listeners=feed.saving_listeners())
     # ----------------------------------------------------------------------------------
@@ -105,12 +109,13 @@ def main(argv):
     hook = train_spec.hooks[0]
     report = {"task": f"{task['type']}:{task.get('index', 0)}", "worker": feed.worker,
               "train_seconds": round(time.monotonic() - t0, 3), "steps": hook.steps,
-              "records": hook.records, "refused_reports": hook.refused}
+              "records": hook.records, "refused_reports": hook.refused, "reports": hook.reports}
     if not chief:
         print(json.dumps(report), flush=True)
         return
     saver = feed.state_saver
-    report.update(checkpoints_with_state=saver.saves, restored_sharding_state=saver.restored)
+    report.update(checkpoints_with_state=saver.saves, restored_sharding_state=saver.restored,
+                  settled_held_leases=feed.settle_hook.settled if feed.settle_hook else 0)
     if FLAGS.audit:
         report["audit"] = metrics.audit_summary(estimator.get_variable_value("antdt_audit"), 1)
     if FLAGS.eval_data:

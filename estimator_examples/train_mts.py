@@ -39,6 +39,9 @@ flags.DEFINE_string("checkpoint_dir", "", "Chief: checkpoints (model + sharding 
 flags.DEFINE_float("save_secs", 2.0, "Chief: seconds between checkpoints.")
 flags.DEFINE_string("eval_data", "", "Chief: held-out record file for the final AUC.")
 flags.DEFINE_string("report_json", "", "Chief: write the JSON report here.")
+flags.DEFINE_boolean("sparse_reports", True, "Report a lease when it is finished (steps record "
+                     "their position on the PS; the chief settles dead workers' leases) "
+                     "instead of after every step.")
 flags.DEFINE_string("standby_file", "", "Moving to another host (antdt-launch's RelaunchWorker): "
                     "import TensorFlow, write this file, wait until the task's address is "
                     "free (its old process killed), then serve and train.")
@@ -85,7 +88,7 @@ def main(argv):
 
     # --- the antdt-tf lines -------------------------------------------------------
     feed = ShardFeed(FLAGS.master, FLAGS.dataset, FLAGS.batch_size, worker=i,
-                     worker_device=f"/job:worker/task:{i}")
+                     worker_device=f"/job:worker/task:{i}", sparse_reports=FLAGS.sparse_reports)
     with v1.device(v1.train.replica_device_setter(
             cluster=cluster, worker_device=f"/job:worker/task:{i}")):
         features, labels = feed.input_fn()
@@ -113,11 +116,13 @@ def main(argv):
     report_hook = hooks[0]
     report = {"worker": i, "session_ready_seconds": round(ready, 3),
               "train_seconds": round(time.monotonic() - t0, 3), "steps": report_hook.steps,
-              "records": report_hook.records, "refused_reports": report_hook.refused}
+              "records": report_hook.records, "refused_reports": report_hook.refused,
+              "reports": report_hook.reports}
     if chief:
         saver = feed.state_saver
         report.update(checkpoints_with_state=saver.saves if saver else 0,
-                      restored_sharding_state=bool(saver and saver.restored))
+                      restored_sharding_state=bool(saver and saver.restored),
+                      settled_held_leases=feed.settle_hook.settled if feed.settle_hook else 0)
         with v1.Session(server.target, config=config) as s:
             if audit_records:
                 report["audit"] = metrics.audit_summary(s.run(audit_variable()), 1)

@@ -9,7 +9,13 @@ alternative in a distributed session: TF pins its ``PyFunc`` to ``/job:localhost
 which no task of a cluster is — "Cannot assign a device for operation PyFunc".)
 
 After each step, :class:`~antdt_tf.estimator.hooks.ShardReportHook` reports from
-Python what the step trained. When the master refuses a report (the lease was taken
+Python what the step trained — with sparse reports (the default) only when a lease is
+finished or the master wants it per batch: every step also writes where its lease was
+before the batch into a variable on the PS (``antdt_lease_record``, fetched in the same
+``session.run`` as the train op), and the chief's
+:class:`~antdt_tf.estimator.hooks.LeaseSettleHook` settles a dead or silent worker's
+leases from there (the master holds them until then), so a failure still repeats at
+most one batch. When the master refuses a report (the lease was taken
 over by tail stealing, expired, or rolled back by a restore), the hook sets a variable
 on the worker that the pipeline's last stage filters on: the next batch already skips
 that lease. There is no read-ahead after that stage, so at most the one batch in
@@ -29,6 +35,9 @@ from antdt_tf.sharding.tf_rpc_client import TfRpcClient
 log = logging.getLogger(__name__)
 
 META_COLLECTION = "antdt_lease_meta"
+RECORD_COLLECTION = "antdt_lease_record"     # [record variable, this step's update op]
+META_FIELDS = ("lease", "shard", "epoch", "applied", "records", "incarnation", "sparse",
+               "length")
 
 
 def _task_from_tf_config() -> tuple[str, int]:
@@ -58,11 +67,17 @@ class ShardFeed:
     ``worker_wait_seconds``: how long a non-chief worker waits between checks for the
     chief's session (TF's ``SessionManager`` waits 30 s; there is no public knob, so the
     default of this process's ``SessionManager`` is lowered; ``None`` leaves it alone).
+    ``sparse_reports``: report a lease when it is finished (and per batch only where the
+    master wants it), keeping each step's position in ``antdt_lease_record``, a
+    variable created by :meth:`input_fn` under the device scope in effect — a PS under
+    ``replica_device_setter`` / Estimator, where it survives the worker — with
+    ``2 * worker_slots`` rows (worker indices must stay below ``worker_slots``).
     """
 
     def __init__(self, master: str, dataset: str, batch_size: int, worker: Optional[int] = None,
                  parse: Optional[Callable] = None, worker_wait_seconds: Optional[float] = 0.5,
-                 is_chief: Optional[bool] = None, worker_device: Optional[str] = None):
+                 is_chief: Optional[bool] = None, worker_device: Optional[str] = None,
+                 sparse_reports: bool = True, worker_slots: int = 64):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
         job, index = _task_from_tf_config()
@@ -77,14 +92,19 @@ class ShardFeed:
             else:
                 raise ValueError("ShardFeed needs worker=<index> (or TF_CONFIG naming a chief "
                                  f"or worker task, got {job!r})")
+        if sparse_reports and not 0 <= worker < worker_slots:
+            raise ValueError(f"worker {worker} is outside the {worker_slots} worker slots of "
+                             "the lease record: pass worker_slots > the largest worker index")
         self.master, self.dataset, self.batch_size = master, dataset, batch_size
         self.worker = worker
+        self.sparse_reports, self.worker_slots = sparse_reports, worker_slots
         self.parse = parse
         self.client = TfRpcClient(master, dataset, worker)
         self.worker_device = worker_device
         self.refused_lease = None       # set by dataset_fn
         self.is_chief = worker == 0 if is_chief is None else is_chief
         self.state_saver = None         # the chief's ShardingStateSaver
+        self.settle_hook = None         # the chief's LeaseSettleHook (sparse reports)
         if worker_wait_seconds is not None:
             shorten_session_wait(worker_wait_seconds)
 
@@ -102,7 +122,8 @@ class ShardFeed:
             self.refused_lease = tf.compat.v1.get_local_variable(
                 f"antdt_refused_lease_{self.worker}", initializer=tf.constant(-1, tf.int64),
                 use_resource=True)
-        ds = pull_dataset(self.master, self.dataset, self.batch_size, worker=self.worker)
+        ds = pull_dataset(self.master, self.dataset, self.batch_size, worker=self.worker,
+                          sparse_reports=self.sparse_reports)
         refused = self.refused_lease
         ds = ds.filter(lambda b: tf.not_equal(b["antdt"]["lease"][0], refused.read_value()))
         # nothing read ahead of the filter: tf.data would inject a prefetch at the end of
@@ -126,23 +147,52 @@ class ShardFeed:
         meta = batch.pop("antdt")
         n = tf.shape(meta["lease"], out_type=tf.int64)[0]
         for t in (meta["lease"][0], meta["shard"][0], meta["epoch"][0], meta["applied"][-1], n,
-                  meta["incarnation"]):
+                  meta["incarnation"], meta["sparse"][0], meta["length"][0]):
             tf.compat.v1.add_to_collection(META_COLLECTION, t)
+        if self.sparse_reports:
+            self._add_lease_record(meta, n)
         if self.parse is not None:
             return self.parse(batch)
         label = batch.pop("label")
         return batch, label
 
+    def _add_lease_record(self, meta, n) -> None:
+        """The PS variable of sparse reports and the op that writes this worker's row in
+        every step: ``(incarnation, lease, applied before the batch)`` — a fact once the
+        step runs, so it is written beside the step's updates, not after them."""
+        import tensorflow as tf
+
+        graph = tf.compat.v1.get_default_graph()
+        if graph.get_collection(RECORD_COLLECTION):
+            return
+        with tf.compat.v1.variable_scope("antdt", reuse=tf.compat.v1.AUTO_REUSE):
+            record = tf.compat.v1.get_variable(
+                "lease_record", shape=[2 * self.worker_slots, 3], dtype=tf.int64,
+                initializer=tf.compat.v1.constant_initializer(-1), trainable=False,
+                use_resource=True)
+        incarnation = meta["incarnation"]
+        row = 2 * self.worker + tf.math.floormod(incarnation, 2)
+        update = record.scatter_update(tf.IndexedSlices(
+            tf.reshape(tf.stack([incarnation, meta["lease"][0], meta["applied"][-1] - n]),
+                       [1, 3]), tf.reshape(row, [1])))
+        graph.add_to_collection(RECORD_COLLECTION, record)
+        graph.add_to_collection(RECORD_COLLECTION, update)
+
     # ------------------------------------------------------------------ hooks
 
     def hooks(self) -> list:
         """Every worker's hooks: the report hook, and on the chief the hook that gives a
-        restored checkpoint's sharding state back to the master."""
-        from antdt_tf.estimator.hooks import RestoreShardingStateHook, ShardReportHook
+        restored checkpoint's sharding state back to the master and (sparse reports) the
+        one that settles dead workers' leases from the PS record."""
+        from antdt_tf.estimator.hooks import (LeaseSettleHook, RestoreShardingStateHook,
+                                              ShardReportHook)
 
         hooks = [ShardReportHook(self)]
         if self.is_chief:
             hooks.append(RestoreShardingStateHook(self._state_saver()))
+            if self.sparse_reports:
+                self.settle_hook = LeaseSettleHook(self)
+                hooks.append(self.settle_hook)
         return hooks
 
     def _state_saver(self):

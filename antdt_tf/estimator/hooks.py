@@ -6,62 +6,166 @@ state inside the chief's checkpoints.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import tensorflow as tf
 
-from antdt_tf.estimator.feed import META_COLLECTION, ShardFeed
+from antdt_tf.estimator.feed import META_COLLECTION, META_FIELDS, RECORD_COLLECTION, ShardFeed
 from antdt_tf.sharding.client import ShardingClient
 
 log = logging.getLogger(__name__)
 
 
 class ShardReportHook(tf.compat.v1.train.SessionRunHook):
-    """After every step: tells the master how far the trained batch's lease got.
+    """After every step: tells the master how far the trained batch's lease got — with
+    sparse reports (``ShardFeed(sparse_reports=True)``, the default) only when the lease
+    is finished or the master marked it per batch (``meta sparse == 0``: leases it may
+    steal or back up), otherwise once per lease; the step itself records its position
+    on the PS (the feed's ``antdt_lease_record`` update, fetched with the step).
 
     ``after_run`` runs once the step's updates were applied on the PS (the session run
     returned), so a worker killed at any moment loses at most the batch it was training
     and has reported nothing it did not apply — the same bound as the TF2 path. A
     refused report (the lease was stolen or expired) makes the feed skip the rest of
-    that lease. The master's Monitor times these reports (BPT) per worker; the hook
-    also keeps its own step times (``step_seconds``)."""
+    that lease. Reports carry the worker's own time in session.run since the previous
+    one (the Monitor's BPT); the hook also keeps its step times (``step_seconds``)."""
 
     def __init__(self, feed: ShardFeed):
         self.feed = feed
         self.steps = 0
         self.records = 0
         self.refused = 0
+        self.reports = 0
         self.step_seconds = 0.0     # wall time inside session.run, summed
         self._meta = None
+        self._fetches = None
         self._t0 = 0.0
+        self._pending = None        # (lease, shard, epoch, applied) not yet reported
+        self._since = [0.0, 0, 0]   # own seconds, steps and records since the last report
 
     def begin(self):
         meta = tf.compat.v1.get_collection(META_COLLECTION)
-        if len(meta) != 6 or self.feed.refused_lease is None:
+        if len(meta) != len(META_FIELDS) or self.feed.refused_lease is None:
             raise ValueError("ShardReportHook needs the graph built by ShardFeed.input_fn "
                              f"(found {len(meta)} lease tensors in {META_COLLECTION!r})")
         self._meta = meta
+        record = tf.compat.v1.get_collection(RECORD_COLLECTION)
+        # with sparse reports the record update runs in the step's own session.run
+        self._fetches = (meta, record[1]) if record else (meta, tf.no_op())
         self._refused_value = tf.compat.v1.placeholder(tf.int64, [], "antdt_refused_value")
         self._refuse = self.feed.refused_lease.assign(self._refused_value)
 
     def before_run(self, run_context):
         self._t0 = time.perf_counter()
-        return tf.compat.v1.train.SessionRunArgs(self._meta)
+        return tf.compat.v1.train.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context, run_values):
-        self.step_seconds += time.perf_counter() - self._t0
-        lease, shard, epoch, applied, records, incarnation = (int(v) for v in run_values.results)
-        client = self.feed.client
-        client.incarnation = incarnation       # the pipeline's antdt.open answer
-        rejected = client.report([lease], [shard], [epoch], [applied])
+        seconds = time.perf_counter() - self._t0
+        self.step_seconds += seconds
+        values = dict(zip(META_FIELDS, (int(v) for v in run_values.results[0])))
+        self.feed.client.incarnation = values["incarnation"]   # the pipeline's antdt.open
+        if self._pending is not None and self._pending[0] != values["lease"]:
+            self._report(run_context.session)   # (a lease always ends on a due batch)
         self.steps += 1
+        self._since[0] += seconds
+        self._since[1] += 1
+        self._since[2] += values["records"]
+        self._pending = (values["lease"], values["shard"], values["epoch"], values["applied"])
+        if (not self.feed.sparse_reports or values["sparse"] == 0
+                or values["applied"] >= values["length"]):
+            self._report(run_context.session)
+
+    def _report(self, session) -> None:
+        lease, shard, epoch, applied = self._pending
+        seconds, steps, records = self._since
+        rejected = self.feed.client.report([lease], [shard], [epoch], [applied],
+                                           seconds=seconds, steps=steps)
+        self.reports += 1
+        self._pending, self._since = None, [0.0, 0, 0]
         if rejected:
             self.refused += 1
-            run_context.session.run(self._refuse, {self._refused_value: lease})
+            session.run(self._refuse, {self._refused_value: lease})
             log.info("worker %d: lease %d is no longer ours (stolen, expired or restored); "
                      "skipping its other batches", self.feed.worker, lease)
         else:
             self.records += records
+
+    def end(self, session):
+        if self._pending is not None:   # the last batch of a lease not finished here
+            self._report(session)
+
+
+class LeaseSettleHook(tf.compat.v1.train.SessionRunHook):
+    """Chief only, with sparse reports: the master holds the sparse leases of a worker
+    that died, was replaced or went silent (``DatasetProgress.held``) instead of
+    re-issuing them from its older count; this hook reads the lease record on the PS
+    and settles them (``ApplyLeaseRecord``).
+
+    It looks from a thread of its own, about every ``poll_seconds`` while the chief's
+    session lives, not from ``after_run``: when a held lease is all the work left, the
+    chief's own step blocks in its input pipeline waiting for a lease, and only the
+    settle can give it one (``tf.Session.run`` is thread-safe). If the chief itself
+    stays away longer than the master's ``--settle_seconds``, the master settles at
+    its own count: up to one lease of that worker is trained again."""
+
+    def __init__(self, feed: ShardFeed, poll_seconds: float = 1.0):
+        self.feed = feed
+        self.poll_seconds = poll_seconds
+        self.settled = 0
+        self._admin = None
+        self._session = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def begin(self):
+        record = tf.compat.v1.get_collection(RECORD_COLLECTION)
+        if not record:
+            raise ValueError("LeaseSettleHook needs ShardFeed(sparse_reports=True).input_fn's "
+                             f"graph (no {RECORD_COLLECTION!r} collection)")
+        self._record = record[0]
+
+    def after_create_session(self, session, coord):
+        self._session = session      # (again after MonitoredSession recreated it)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._poll, name="antdt-lease-settle",
+                                            daemon=True)
+            self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            try:
+                self.settle(self._session)
+            except Exception as e:   # a session being recreated, the master restarting
+                log.warning("settling held leases failed (next try in %.1f s): %s",
+                            self.poll_seconds, e)
+
+    def settle(self, session, everything: bool = False) -> int:
+        """Settles the held leases from the record (``everything``: also brings the
+        master's count of live leases up to it, before a checkpoint). Returns how many
+        leases were held."""
+        from antdt_tf.tf.pull import apply_lease_records
+
+        with self._lock:
+            if self._admin is None:
+                self._admin = ShardingClient(self.feed.master)
+            progress = self._admin.progress(self.feed.dataset).datasets
+            held = list(progress[0].held) if progress else []
+            if held or everything:
+                apply_lease_records(self._admin.apply_lease_record, self.feed.dataset,
+                                    session.run(self._record), held)
+                self.settled += len(held)
+            return len(held)
+
+    def end(self, session):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with self._lock:
+            if self._admin is not None:
+                self._admin.close()
+                self._admin = None
 
 
 class ShardingStateSaver(tf.compat.v1.train.CheckpointSaverListener):
@@ -120,6 +224,10 @@ class ShardingStateSaver(tf.compat.v1.train.CheckpointSaverListener):
 
     def before_save(self, session, global_step_value):
         self.maybe_restore(session)
+        if self.feed.settle_hook is not None:
+            # sparse reports: the master's counts up to the PS record first, so the
+            # snapshot is at most the batch in flight behind the model
+            self.feed.settle_hook.settle(session, everything=True)
         state = self._client().save_state([self.feed.dataset])
         session.run(self._assign, {self._value: state})
         self.saves += 1

@@ -131,12 +131,17 @@ class TfRpcClient:
         return Lease(*self._call("antdt.next", args, timeout=self.timeout + 3.0))
 
     def report(self, leases: Sequence[int], shards: Sequence[int], epochs: Sequence[int],
-               applied: Sequence[int]) -> int:
+               applied: Sequence[int], seconds: Optional[float] = None,
+               steps: int = 1) -> int:
         """``applied[i]`` records of ``leases[i]`` are trained; returns how many of the
-        leases the master refused (no longer this worker's: skip their other batches)."""
-        (rejected,) = self._call("antdt.report", self._who() + [
-            _vec(leases, tpb.DT_INT64), _vec(shards, tpb.DT_INT64),
-            _vec(epochs, tpb.DT_INT32), _vec(applied, tpb.DT_INT64)])
+        leases the master refused (no longer this worker's: skip their other batches).
+        ``seconds``: this worker's own time in the ``steps`` steps since its previous
+        report (the Monitor's BPT; without it the master times the gap, one step)."""
+        args = self._who() + [_vec(leases, tpb.DT_INT64), _vec(shards, tpb.DT_INT64),
+                              _vec(epochs, tpb.DT_INT32), _vec(applied, tpb.DT_INT64)]
+        if seconds is not None:
+            args += [_i64(int(seconds * 1e6)), _i64(max(1, steps))]
+        (rejected,) = self._call("antdt.report", args)
         return rejected
 
     def step(self, records: int, seconds: float) -> None:
