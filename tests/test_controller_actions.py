@@ -27,7 +27,7 @@ def launch(tmp_path, *flags, records=400_000):
 def test_antdt_nd_relaunches_a_persistent_worker_straggler_on_another_host(tmp_path):
     report, out = launch(tmp_path, "--num_ps=1", "--num_workers=3", "--policy=antdt-nd",
                          "--straggler_window_seconds=3", "--relaunch_cost_seconds=1",
-                         "--inject=slow:worker:2:x4@0s", records=250_000)
+                         "--inject=slow:worker:2:x4@0s", records=500_000)
     assert len(report["actions"]) == 1, (report["actions"], report["health"], report["events"])
     act = report["actions"][0]
     assert (act["action"], act["job"], act["index"]) == ("RelaunchWorker", "worker", 2)

@@ -106,15 +106,19 @@ def test_a_worker_sigkill_mid_shard_loses_nothing_and_repeats_at_most_one_batch(
             t.task.index == 1 and t.doing_shards for t in admin.progress("train").tasks),
             120, "12 shards and worker 1 holding one")
         job.kill("worker", 1)               # its lease stays DOING
+        # (a lease finished and reported just before the kill leaves none: CI saw it)
+        held_at_kill = any(t.task.index == 1 and t.doing_shards
+                           for t in admin.progress("train").tasks)
         job.start_worker(1)                 # relaunched: a new incarnation takes it back
         report = job.wait_workers(240)
         tasks = {t.task.index: t for t in admin.progress("train").tasks}
     a = report["audit"]
     assert a["applied_0"] == 0 and a["applied_other"] <= BATCH, a
-    assert tasks[1].records_done > 0 and tasks[1].failures >= 1
-    # every lease here has sparse reports (no tail stealing): the master held the dead
-    # incarnation's lease, and the chief settled it from the PS record
-    assert report["settled_held_leases"] >= 1, report
+    assert tasks[1].records_done > 0
+    if held_at_kill:
+        # every lease here has sparse reports (no tail stealing): the master held the
+        # dead incarnation's lease, and the chief settled it from the PS record
+        assert tasks[1].failures >= 1 and report["settled_held_leases"] >= 1, report
 
 
 def test_a_chief_restart_restores_the_model_and_the_sharding_state_together(tmp_path):
