@@ -6,12 +6,21 @@ read of a tiny variable placed on each PS (a full round trip through that PS's
 executor), once per call: the Monitor averages calls made about a second apart. Probes
 made back to back are useless against a task that is stopped and resumed (a contended
 host, or our SIGSTOP/SIGCONT throttle): the first waits for the resume, the rest land in
-the running phase. It runs on the chief's main thread, beside the other remote reads
-(concurrent remote reads from several threads crashed TF here).
+the running phase. For the same reason a probe must not start right after something
+that waited for the PS: the chief's loop wakes when a closure ends (its last step needed
+every PS) and reads the per-worker counters from a PS just before it reports, so a probe
+made then lands in the PS's running phase every time and a PS stopped 2/3 of the time
+looked healthy (seen in CI once the machine got faster and closures ended more often).
+Each read therefore starts after a random delay of up to ``jitter_seconds`` (at least one
+stop/run period: 0.1 s is both our throttle's and the kernel CFS quota period), which
+makes its start independent of the PS's phase. It runs on the chief's main thread, beside
+the other remote reads (concurrent remote reads from several threads crashed TF here);
+the delay should cost no training time: every worker has a second closure queued.
 """
 
 from __future__ import annotations
 
+import random
 import re
 import time
 
@@ -24,7 +33,10 @@ def ps_index(device: str) -> int:
 
 
 class PsProbe:
-    def __init__(self, strategy, num_ps: int):
+    def __init__(self, strategy, num_ps: int, jitter_seconds: float = 0.1,
+                 rng: random.Random | None = None):
+        self.jitter_seconds = jitter_seconds
+        self._rng = rng or random.Random()
         self.variables: dict[int, tf.Variable] = {}
         with strategy.scope():
             # PSS places unpartitioned variables round-robin over the PS: create until
@@ -44,6 +56,7 @@ class PsProbe:
         """Read latency (ms) per PS. Raises what TF raises for a PS that is gone."""
         out = {}
         for i, v in sorted(self.variables.items()):
+            time.sleep(self._rng.uniform(0.0, self.jitter_seconds))
             t0 = time.perf_counter()
             v.read_value().numpy()
             out[i] = (time.perf_counter() - t0) * 1e3
