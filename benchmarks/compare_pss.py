@@ -689,7 +689,7 @@ def write_results(args, results: dict, started: str) -> None:
                      f"{med_jct('c', False) / med_jct('d', False):.2f}")
     lines += [
         "",
-        f"Per run (JCT s): " + "; ".join(
+        "Per run (JCT s): " + "; ".join(
             f"{k}{'+s' if s else ''}: " + ", ".join(
                 f"{r['jct']:.1f} (load {r['load'][0]:.0f}->{r['load'][1]:.0f})" for r in runs)
             for (k, s), runs in results.items() if runs),

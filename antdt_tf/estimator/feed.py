@@ -162,6 +162,8 @@ class ShardFeed:
         step runs, so it is written beside the step's updates, not after them."""
         import tensorflow as tf
 
+        from antdt_tf.tf.pull import lease_record_update
+
         graph = tf.compat.v1.get_default_graph()
         if graph.get_collection(RECORD_COLLECTION):
             return
@@ -170,11 +172,8 @@ class ShardFeed:
                 "lease_record", shape=[2 * self.worker_slots, 3], dtype=tf.int64,
                 initializer=tf.compat.v1.constant_initializer(-1), trainable=False,
                 use_resource=True)
-        incarnation = meta["incarnation"]
-        row = 2 * self.worker + tf.math.floormod(incarnation, 2)
-        update = record.scatter_update(tf.IndexedSlices(
-            tf.reshape(tf.stack([incarnation, meta["lease"][0], meta["applied"][-1] - n]),
-                       [1, 3]), tf.reshape(row, [1])))
+        update = lease_record_update(record, self.worker, meta["incarnation"],
+                                     meta["lease"][0], meta["applied"][-1] - n)
         graph.add_to_collection(RECORD_COLLECTION, record)
         graph.add_to_collection(RECORD_COLLECTION, update)
 
@@ -189,13 +188,15 @@ class ShardFeed:
 
         hooks = [ShardReportHook(self)]
         if self.is_chief:
-            hooks.append(RestoreShardingStateHook(self._state_saver()))
+            hooks.append(RestoreShardingStateHook(self.state_saver_for_chief()))
             if self.sparse_reports:
                 self.settle_hook = LeaseSettleHook(self)
                 hooks.append(self.settle_hook)
         return hooks
 
-    def _state_saver(self):
+    def state_saver_for_chief(self):
+        """The chief's one ``ShardingStateSaver``: its checkpoint listener, and the owner
+        of the chief's client of the master (its ``LeaseSettleHook`` uses it too)."""
         from antdt_tf.estimator.hooks import ShardingStateSaver
 
         if self.state_saver is None:
@@ -206,7 +207,7 @@ class ShardFeed:
         """The chief's checkpoint listener: the sharding state goes into every checkpoint
         (``Estimator.train(saving_listeners=...)``; with ``MonitoredTrainingSession``
         use :meth:`chief_hooks`). Empty on other workers (they do not save)."""
-        return [self._state_saver()] if self.is_chief else []
+        return [self.state_saver_for_chief()] if self.is_chief else []
 
     def chief_hooks(self, checkpoint_dir: str, save_secs: Optional[float] = None,
                     save_steps: Optional[int] = None) -> list:
@@ -217,7 +218,7 @@ class ShardFeed:
 
         return [tf.compat.v1.train.CheckpointSaverHook(
             checkpoint_dir, save_secs=save_secs, save_steps=save_steps,
-            listeners=[self._state_saver()])]
+            listeners=[self.state_saver_for_chief()])]
 
     def close(self) -> None:
         self.client.close()

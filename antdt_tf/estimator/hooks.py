@@ -5,6 +5,7 @@ state inside the chief's checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -15,6 +16,14 @@ from antdt_tf.estimator.feed import META_COLLECTION, META_FIELDS, RECORD_COLLECT
 from antdt_tf.sharding.client import ShardingClient
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Unreported:
+    """The worker's own work since its last report: the Monitor's BPT comes with it."""
+    seconds: float = 0.0
+    steps: int = 0
+    records: int = 0
 
 
 class ShardReportHook(tf.compat.v1.train.SessionRunHook):
@@ -42,7 +51,7 @@ class ShardReportHook(tf.compat.v1.train.SessionRunHook):
         self._fetches = None
         self._t0 = 0.0
         self._pending = None        # (lease, shard, epoch, applied) not yet reported
-        self._since = [0.0, 0, 0]   # own seconds, steps and records since the last report
+        self._since = _Unreported()
 
     def begin(self):
         meta = tf.compat.v1.get_collection(META_COLLECTION)
@@ -68,9 +77,9 @@ class ShardReportHook(tf.compat.v1.train.SessionRunHook):
         if self._pending is not None and self._pending[0] != values["lease"]:
             self._report(run_context.session)   # (a lease always ends on a due batch)
         self.steps += 1
-        self._since[0] += seconds
-        self._since[1] += 1
-        self._since[2] += values["records"]
+        self._since.seconds += seconds
+        self._since.steps += 1
+        self._since.records += values["records"]
         self._pending = (values["lease"], values["shard"], values["epoch"], values["applied"])
         if (not self.feed.sparse_reports or values["sparse"] == 0
                 or values["applied"] >= values["length"]):
@@ -78,18 +87,18 @@ class ShardReportHook(tf.compat.v1.train.SessionRunHook):
 
     def _report(self, session) -> None:
         lease, shard, epoch, applied = self._pending
-        seconds, steps, records = self._since
+        since = self._since
         rejected = self.feed.client.report([lease], [shard], [epoch], [applied],
-                                           seconds=seconds, steps=steps)
+                                           seconds=since.seconds, steps=since.steps)
         self.reports += 1
-        self._pending, self._since = None, [0.0, 0, 0]
+        self._pending, self._since = None, _Unreported()
         if rejected:
             self.refused += 1
             session.run(self._refuse, {self._refused_value: lease})
             log.info("worker %d: lease %d is no longer ours (stolen, expired or restored); "
                      "skipping its other batches", self.feed.worker, lease)
         else:
-            self.records += records
+            self.records += since.records
 
     def end(self, session):
         if self._pending is not None:   # the last batch of a lease not finished here
@@ -113,7 +122,6 @@ class LeaseSettleHook(tf.compat.v1.train.SessionRunHook):
         self.feed = feed
         self.poll_seconds = poll_seconds
         self.settled = 0
-        self._admin = None
         self._session = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -147,13 +155,12 @@ class LeaseSettleHook(tf.compat.v1.train.SessionRunHook):
         leases were held."""
         from antdt_tf.tf.pull import apply_lease_records
 
+        admin = self.feed.state_saver_for_chief().admin()   # the chief's one client
         with self._lock:
-            if self._admin is None:
-                self._admin = ShardingClient(self.feed.master)
-            progress = self._admin.progress(self.feed.dataset).datasets
+            progress = admin.progress(self.feed.dataset).datasets
             held = list(progress[0].held) if progress else []
             if held or everything:
-                apply_lease_records(self._admin.apply_lease_record, self.feed.dataset,
+                apply_lease_records(admin.apply_lease_record, self.feed.dataset,
                                     session.run(self._record), held)
                 self.settled += len(held)
             return len(held)
@@ -162,10 +169,7 @@ class LeaseSettleHook(tf.compat.v1.train.SessionRunHook):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        with self._lock:
-            if self._admin is not None:
-                self._admin.close()
-                self._admin = None
+        self.feed.state_saver_for_chief().close_admin()
 
 
 class ShardingStateSaver(tf.compat.v1.train.CheckpointSaverListener):
@@ -185,6 +189,7 @@ class ShardingStateSaver(tf.compat.v1.train.CheckpointSaverListener):
         self.checked = False       # looked for a restored state in this process
         self.restored = False
         self._admin = None
+        self._admin_lock = threading.Lock()
 
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
@@ -201,10 +206,13 @@ class ShardingStateSaver(tf.compat.v1.train.CheckpointSaverListener):
         for t in (self._var, self._value, self._assign):
             graph.add_to_collection("antdt_sharding_state", t)
 
-    def _client(self) -> ShardingClient:
-        if self._admin is None:
-            self._admin = ShardingClient(self.feed.master)
-        return self._admin
+    def admin(self) -> ShardingClient:
+        """The chief's client of the master, shared with its ``LeaseSettleHook`` (whose
+        thread calls this too)."""
+        with self._admin_lock:
+            if self._admin is None:
+                self._admin = ShardingClient(self.feed.master)
+            return self._admin
 
     def maybe_restore(self, session) -> None:
         """Once per process, before this process writes the variable: if the session
@@ -217,7 +225,7 @@ class ShardingStateSaver(tf.compat.v1.train.CheckpointSaverListener):
         self.checked = True
         state = session.run(self._var)
         if state:
-            resp = self._client().restore_state(state)
+            resp = self.admin().restore_state(state)
             self.restored = True
             log.info("restored the checkpoint's sharding state on the master (%d shard(s) "
                      "back to TODO)", resp.requeued_shards)
@@ -228,14 +236,18 @@ class ShardingStateSaver(tf.compat.v1.train.CheckpointSaverListener):
             # sparse reports: the master's counts up to the PS record first, so the
             # snapshot is at most the batch in flight behind the model
             self.feed.settle_hook.settle(session, everything=True)
-        state = self._client().save_state([self.feed.dataset])
+        state = self.admin().save_state([self.feed.dataset])
         session.run(self._assign, {self._value: state})
         self.saves += 1
 
+    def close_admin(self) -> None:
+        with self._admin_lock:
+            if self._admin is not None:
+                self._admin.close()
+                self._admin = None
+
     def end(self, session, global_step_value):
-        if self._admin is not None:
-            self._admin.close()
-            self._admin = None
+        self.close_admin()
 
 
 class RestoreShardingStateHook(tf.compat.v1.train.SessionRunHook):

@@ -263,6 +263,22 @@ def batch_counts(meta):
     return tf.stack([records, finished])
 
 
+def lease_record_update(record, worker, incarnation, lease, before):
+    """Sparse reports, the recording side: the op that writes ``(incarnation, lease,
+    applied before the batch)`` into the worker's row of ``record`` (a ``[2 * slots, 3]``
+    int64 variable on the PS, two rows per worker slot by incarnation parity: the
+    master alternates it, so a relaunched worker does not overwrite the row of the
+    incarnation that died before the trainer settled it). Run it beside the step's
+    updates: where the lease was *before* the batch is a fact once the step runs.
+    :func:`apply_lease_records` reads the rows back. Every trainer's step uses this."""
+    incarnation = tf.cast(tf.reshape(incarnation, []), tf.int64)
+    row = 2 * tf.cast(tf.reshape(worker, []), tf.int64) + tf.math.floormod(incarnation, 2)
+    return record.scatter_update(tf.IndexedSlices(
+        tf.reshape(tf.stack([incarnation, tf.cast(tf.reshape(lease, []), tf.int64),
+                             tf.cast(tf.reshape(before, []), tf.int64)]), [1, 3]),
+        tf.reshape(row, [1])))
+
+
 def apply_lease_records(record_fn, dataset: str, rows, held=()) -> None:
     """Sparse reports, the settling side: tells the master how far each worker's latest
     lease got, from the record rows on the PS (``(incarnation, lease, applied before
@@ -383,10 +399,7 @@ class PullTrainer(WorkerCounters):
             self._refused_lease = tf.Variable(tf.fill([slots], tf.constant(-1, tf.int64)),
                                               trainable=False, name="antdt_refused_lease")
             if record_fn is not None:
-                # sparse reports: (incarnation, lease, applied before the batch) of each
-                # worker's latest step, two rows per worker slot by incarnation parity (the master
-                # alternates it), so that a relaunched worker does not overwrite the
-                # record of the incarnation that died before this trainer settled it.
+                # sparse reports: each worker's latest step (lease_record_update).
                 # Not checkpointed: a restore re-issues every lease anyway.
                 self._lease_record = tf.Variable(
                     tf.fill([2 * slots, 3], tf.constant(-1, tf.int64)), trainable=False,
@@ -424,10 +437,8 @@ class PullTrainer(WorkerCounters):
                 # batch in flight or the one just applied: one batch.
                 before = tf.reduce_max(meta["applied"]) - tf.shape(
                     meta["lease"], out_type=tf.int64)[0]
-                row = 2 * meta["worker"] + tf.math.floormod(meta["incarnation"], 2)
-                self._lease_record.scatter_update(tf.IndexedSlices(tf.reshape(tf.stack(
-                    [meta["incarnation"], tf.reduce_max(meta["lease"]), before]), [1, 3]),
-                    tf.reshape(row, [1])))
+                lease_record_update(self._lease_record, meta["worker"], meta["incarnation"],
+                                    tf.reduce_max(meta["lease"]), before)
             return tf.constant(1, tf.int64)
 
         # One tf.cond holds every PS op of a step. The function runs partitioned over the
