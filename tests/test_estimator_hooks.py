@@ -183,8 +183,9 @@ def test_antdt_launch_mts_relaunches_a_straggler_and_a_killed_worker(tmp_path):
 @pytest.mark.skipif(not (ROOT / ".venv-tf215" / "bin" / "python").exists(),
                     reason="needs TF 2.15's venv: make venv-tf215")
 def test_antdt_launch_runs_the_estimator_example_on_tf215_through_a_kill(tmp_path):
+    # 200k records: with sparse reports 60k were done in ~1 s, before the kill came
     report, out = launch_tf1(tmp_path, "estimator", "--num_workers=2",
-                             "--inject=kill:worker:1@1s")
+                             "--generate_records=200000", "--inject=kill:worker:1@1s")
     assert report["restarts"] == {"worker:1": 1}
     assert report["audit"]["applied_0"] == 0 and report["audit"]["ok"], report["audit"]
     assert report["coordinator"]["task"] == "chief:0" and report["auc"] > 0.6
