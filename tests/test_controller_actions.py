@@ -39,11 +39,14 @@ def test_antdt_nd_relaunches_a_persistent_worker_straggler_on_another_host(tmp_p
     assert "RelaunchWorker worker:2" in out
 
 
-def test_antdt_nd_replaces_a_slow_ps_and_restores_exactly(tmp_path):
+@pytest.mark.parametrize("api", ["custom_loop", "keras"])
+def test_antdt_nd_replaces_a_slow_ps_and_restores_exactly(tmp_path, api):
+    """The chief's PS probes (the custom loop's coordinator, or the Keras trainer's
+    ClusterMonitorCallback) let the Monitor see the slowed PS."""
     report, out = launch(tmp_path, "--num_ps=2", "--num_workers=2", "--policy=antdt-nd",
                          "--straggler_window_seconds=4", "--replace_ps_cost_seconds=1",
                          "--checkpoint_every_seconds=3", "--inject=slow:ps:0:x3@0s",
-                         records=300_000)
+                         f"--api={api}", records=300_000)
     assert len(report["actions"]) == 1, (report["actions"], report["health"], report["events"])
     act = report["actions"][0]
     assert (act["action"], act["job"], act["index"]) == ("ReplacePs", "ps", 0)

@@ -162,18 +162,18 @@ class ShardFeed:
         step runs, so it is written beside the step's updates, not after them."""
         import tensorflow as tf
 
-        from antdt_tf.tf.pull import lease_record_update
+        from antdt_tf.tf.pull import lease_record_shape, lease_record_update
 
         graph = tf.compat.v1.get_default_graph()
         if graph.get_collection(RECORD_COLLECTION):
             return
         with tf.compat.v1.variable_scope("antdt", reuse=tf.compat.v1.AUTO_REUSE):
             record = tf.compat.v1.get_variable(
-                "lease_record", shape=[2 * self.worker_slots, 3], dtype=tf.int64,
+                "lease_record", shape=lease_record_shape(self.worker_slots), dtype=tf.int64,
                 initializer=tf.compat.v1.constant_initializer(-1), trainable=False,
                 use_resource=True)
         update = lease_record_update(record, self.worker, meta["incarnation"],
-                                     meta["lease"][0], meta["applied"][-1] - n)
+                                     meta["lease"][0], meta["applied"][-1] - n, n)
         graph.add_to_collection(RECORD_COLLECTION, record)
         graph.add_to_collection(RECORD_COLLECTION, update)
 

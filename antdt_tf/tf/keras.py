@@ -22,11 +22,23 @@ Keras 3 has no ParameterServerStrategy support, so this needs tf-keras 2.21 and
   ``CancelledError``, measured), so after the last shard it yields one-record padding
   batches with sample weight 0 — a no-op for SGD and Adagrad (momentum and Adam still
   move the weights a little on such steps).
-- :class:`ShardingCallback`: wraps the model's ``train_step`` so that after every step
-  the worker reports the applied records to the master (the same exactness as the
-  custom loop: at most one batch per failure applied twice or lost), stops ``fit`` when
-  the master says every epoch is done, and checkpoints model, optimizer and sharding
-  state together at step boundaries (it drains the scheduled steps first).
+- :class:`ShardingCallback`: wraps the model's ``train_step`` so that the worker tells
+  the master how far its lease got (the same exactness as the custom loop: at most one
+  batch per failure applied twice or lost), stops ``fit`` when the master says every
+  epoch is done, and checkpoints model, optimizer and sharding state together at step
+  boundaries (it drains the scheduled steps first).
+
+Sparse reports (``sparse_reports=True`` on both, as the custom loop does by default):
+each step writes how far its lease got into a PS variable beside its gradients
+(:func:`~antdt_tf.tf.pull.lease_record_update`) and reports a lease only when it is
+finished or the master wants it per batch (an epoch's tail, slow holders); the callback,
+on the chief, settles the leases of dead or silent workers from that record
+(:func:`~antdt_tf.tf.pull.apply_lease_records`) about every second and before every
+checkpoint. So that it can, a worker's step never waits for data longer than the
+master's long poll: when the master has nothing for it now, the step trains a padding
+batch (sample weight 0) instead of blocking in ``get_next`` — the chief's main thread,
+which paces the scheduled steps, would otherwise wait on a step that waits for the one
+lease only the settle can give back.
 """
 
 from __future__ import annotations
@@ -38,7 +50,8 @@ import tensorflow as tf
 import tf_keras as keras   # the [tf] extra installs it; TF_USE_LEGACY_KERAS=1 makes it tf.keras
 
 from antdt_tf.data.criteo import NUM_DENSE, NUM_SPARSE
-from antdt_tf.tf.pull import DEFAULT_TIMEOUT_MS, pull_dataset, report_applied, run_step
+from antdt_tf.tf.pull import (DEFAULT_TIMEOUT_MS, apply_lease_records, lease_record_shape,
+                              lease_record_update, pull_dataset, report_applied, run_step)
 
 log = logging.getLogger(__name__)
 
@@ -56,29 +69,40 @@ def _padding(worker, incarnation):
 
 
 def dataset_creator(master: str, dataset: str, batch_size: int,
-                    timeout_ms: int = DEFAULT_TIMEOUT_MS):
-    """A Keras ``DatasetCreator`` whose per-worker pipelines pull from the master."""
+                    timeout_ms: int = DEFAULT_TIMEOUT_MS, sparse_reports: bool = False):
+    """A Keras ``DatasetCreator`` whose per-worker pipelines pull from the master.
+    ``sparse_reports`` must match the :class:`ShardingCallback`'s."""
     def dataset_fn(input_context):
         del input_context   # shards come from the master, not from a static split
-        pulled = pull_dataset(master, dataset, batch_size, timeout_ms=timeout_ms)
+        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
+                         tf.int64)
+        pulled = pull_dataset(master, dataset, batch_size, timeout_ms=timeout_ms,
+                              wait_markers=sparse_reports, sparse_reports=sparse_reports)
+        padding = _padding(worker, tf.constant(-1, tf.int64))
 
         def to_keras(b):
             features = {"dense": b["dense"], "sparse": b["sparse"], "record_id": b["record_id"],
                         "antdt": b["antdt"]}
             return features, b["label"], tf.ones_like(b["label"])
 
+        def wait_to_padding(b):
+            # a WAIT marker (no records: the master has nothing for this worker now)
+            # trains a padding batch, so the step ends and the chief is not held up
+            return tf.cond(tf.shape(b[1])[0] > 0, lambda: b, lambda: padding)
+
         real = pulled.map(to_keras)
-        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
-                         tf.int64)
-        pad = tf.data.Dataset.from_tensors(_padding(worker, tf.constant(-1, tf.int64))).repeat()
+        if sparse_reports:
+            real = real.map(lambda *b: wait_to_padding(b))
+        pad = tf.data.Dataset.from_tensors(padding).repeat()
         return real.concatenate(pad)
 
     return keras.utils.experimental.DatasetCreator(dataset_fn)
 
 
 class ShardingCallback(keras.callbacks.Callback):
-    """Reports applied records after every step, stops ``fit`` when the master is done,
-    and checkpoints model + optimizer + sharding state at step boundaries.
+    """Reports applied records (after every step, or per lease with sparse reports),
+    stops ``fit`` when the master is done, and checkpoints model + optimizer + sharding
+    state at step boundaries.
 
     Args:
       master / dataset: the job's master and the registered dataset.
@@ -89,12 +113,20 @@ class ShardingCallback(keras.callbacks.Callback):
         that still run after the data ended).
       audit_records: if > 0, count per record id how often it was applied (a variable on
         the PS, updated in the step) — ``applied_counts()`` returns the counts.
+      sparse_reports: steps record their lease position on the PS and report a lease
+        when it is finished; this callback settles dead workers' leases from the record
+        (pass the same to :func:`dataset_creator`).
+      worker_slots: rows of the lease record (the largest worker index + 1 the job may
+        scale to); 0 = the workers of the strategy's cluster.
+      settle_seconds: with sparse reports, how often the chief asks the master for held
+        leases (well under the master's ``--settle_seconds``).
     """
 
     def __init__(self, master: str, dataset: str, checkpoint_dir: str = "",
                  checkpoint_every_seconds: float = 30.0, check_every_batches: int = 16,
                  audit_records: int = 0, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                 max_ahead: int = 16):
+                 max_ahead: int = 16, sparse_reports: bool = False, worker_slots: int = 0,
+                 settle_seconds: float = 1.0):
         super().__init__()
         import collections
 
@@ -111,6 +143,13 @@ class ShardingCallback(keras.callbacks.Callback):
         self.audit_records = audit_records
         self.timeout_ms = timeout_ms
         self.applied = None
+        self.sparse_reports = sparse_reports
+        self.worker_slots = worker_slots
+        self.settle_seconds = settle_seconds
+        self.lease_record = None
+        self.unreported = None    # per worker: (micros, steps) of steps not reported yet
+        self.settled = 0          # held leases settled from the record
+        self._last_check = time.monotonic()
         self.manager = None
         self._wrapped = None
         self._last_checkpoint = time.monotonic()
@@ -132,14 +171,40 @@ class ShardingCallback(keras.callbacks.Callback):
             with strategy.scope():
                 self.applied = tf.Variable(tf.zeros([self.audit_records], tf.int32),
                                            trainable=False, name="antdt_applied")
+        if self.sparse_reports and self.lease_record is None:
+            # PSS keeps its resolver privately (strategy.cluster_resolver is None)
+            resolver = getattr(strategy, "_cluster_resolver", None)
+            slots = max(self.worker_slots, len(
+                resolver.cluster_spec().as_dict().get("worker", [])) if resolver else 0)
+            if slots <= 0:
+                raise ValueError("sparse reports need worker_slots > 0 (the job's largest "
+                                 "worker index + 1): the strategy does not say")
+            with strategy.scope():
+                # not checkpointed: a restore re-issues every lease anyway
+                self.lease_record = tf.Variable(
+                    tf.fill(lease_record_shape(slots), tf.constant(-1, tf.int64)), trainable=False,
+                    name="antdt_lease_record")
+                # the worker's own time in the steps a sparse report covers (the
+                # Monitor's BPT: gaps between reports would count as idle time)
+                self.unreported = tf.Variable(tf.zeros([slots, 2], tf.int64),
+                                              trainable=False, name="antdt_unreported")
         original = model.train_step
         master, dataset, timeout_ms = self.master, self.dataset, self.timeout_ms
-        applied_var = self.applied
+        applied_var, record_var, unreported = self.applied, self.lease_record, self.unreported
 
         def train_step(data):
+            start = tf.timestamp()    # the batch is here: the step's own time from now
             x, y, w = keras.utils.unpack_x_y_sample_weight(data)
             x = dict(x)
             meta, ids = x.pop("antdt"), x.pop("record_id")
+
+            def record():
+                # where the lease was before this batch (a batch never spans leases)
+                n = tf.reduce_sum(tf.cast(real, tf.int64))
+                lease_record_update(record_var, meta["worker"], meta["incarnation"],
+                                    tf.reduce_max(vec["lease"]),
+                                    tf.reduce_max(vec["applied"]) - n, n)
+                return tf.constant(0, tf.int64)
 
             def step():
                 logs = original((x, y, w))
@@ -147,21 +212,54 @@ class ShardingCallback(keras.callbacks.Callback):
                     real_ids = tf.boolean_mask(tf.reshape(ids, [-1]), real)
                     applied_var.scatter_add(tf.IndexedSlices(
                         tf.ones_like(real_ids, tf.int32), real_ids))
+                if record_var is not None:    # beside the step's updates
+                    tf.cond(any_real, record, lambda: tf.constant(0, tf.int64))
                 return logs
 
-            vec = {k: tf.reshape(meta[k], [-1]) for k in ("lease", "shard", "epoch", "applied")}
+            vec = {k: tf.reshape(meta[k], [-1]) for k in
+                   ("lease", "shard", "epoch", "applied", "length", "sparse")}
             real = vec["lease"] >= 0
-            report = {k: tf.boolean_mask(v, real) for k, v in vec.items()}
+            any_real = tf.reduce_any(real)
+            report = {k: tf.boolean_mask(vec[k], real)
+                      for k in ("lease", "shard", "epoch", "applied")}
+            due = any_real
+            if record_var is not None:   # a lease's last batch, or a lease wanted per batch
+                due = tf.logical_and(any_real, tf.logical_or(
+                    tf.equal(tf.reduce_min(vec["sparse"]), 0),
+                    tf.equal(tf.reduce_max(vec["applied"]), tf.reduce_max(vec["length"]))))
             # the report goes out only after every update of the step has landed
             logs, effects = run_step(step)
 
-            def send():
+            def send(micros=None, steps=None):
                 return report_applied(master, dataset, dict(
                     report, worker=meta["worker"], incarnation=meta["incarnation"]),
-                    timeout_ms)
+                    timeout_ms, micros=micros, steps=steps)
+
+            def zero():
+                return tf.constant(0, tf.int64)
 
             with tf.control_dependencies(effects):
-                tf.cond(tf.reduce_any(real), send, lambda: tf.constant(0, tf.int64))
+                if unreported is None:   # every batch reported, timed by the gaps
+                    tf.cond(due, send, zero)
+                    return logs
+                row = tf.reshape(meta["worker"], [1])
+                this = tf.cast((tf.timestamp() - start) * 1e6, tf.int64)
+
+                def send_sparse():
+                    before = tf.reshape(tf.gather(unreported, row), [2])
+                    rejected = send(before[0] + this, before[1] + 1)
+                    with tf.control_dependencies([rejected]):
+                        unreported.scatter_update(tf.IndexedSlices(
+                            tf.zeros([1, 2], tf.int64), row))
+                    return rejected
+
+                def accumulate():
+                    unreported.scatter_add(tf.IndexedSlices(
+                        tf.reshape(tf.stack([this, tf.constant(1, tf.int64)]), [1, 2]), row))
+                    return zero()
+
+                tf.cond(due, send_sparse,
+                        lambda: tf.cond(any_real, accumulate, zero))
             return logs
 
         model.train_step = train_step
@@ -204,12 +302,30 @@ class ShardingCallback(keras.callbacks.Callback):
     def _coordinator(self):
         return getattr(self.model, "_cluster_coordinator", None)
 
+    def settle(self, drained: bool = False) -> int:
+        """Sparse reports: settles the leases the master holds for dead or silent
+        workers from the PS record (``drained``: every scheduled step has finished —
+        before a checkpoint — so also bring the master's count of every live lease up
+        to the model, last batch included). Returns how many leases were held; sets
+        ``stop_training`` when the master is done."""
+        progress = self.client.progress(self.dataset).datasets[0]
+        self._last_check = time.monotonic()
+        if self.lease_record is not None and (progress.held or drained):
+            apply_lease_records(self.client.apply_lease_record, self.dataset,
+                                self.lease_record.numpy(), progress.held, drained=drained)
+            self.settled += len(progress.held)
+        if progress.finished and self.model is not None:
+            self.model.stop_training = True
+        return len(progress.held)
+
     def save(self) -> str:
         """Drains the scheduled steps (so every pulled batch is trained and
         reported), then writes model + optimizer + sharding state."""
         coordinator = self._coordinator()
         if coordinator is not None:
             coordinator.join()
+        if self.lease_record is not None:   # the snapshot agrees with the model
+            self.settle(drained=True)
         path = self.manager.save()
         log.info("checkpoint %s written", path)
         self._last_checkpoint = time.monotonic()
@@ -232,9 +348,9 @@ class ShardingCallback(keras.callbacks.Callback):
                 time.monotonic() - self._last_checkpoint >= self.checkpoint_every_seconds):
             self.save()
             self._ahead.clear()
-        if (batch + 1) % self.check_every_batches == 0:
-            if self.client.progress(self.dataset).datasets[0].finished:
-                self.model.stop_training = True
+        if ((batch + 1) % self.check_every_batches == 0 or
+                time.monotonic() - self._last_check >= self.settle_seconds):
+            self.settle()
 
     def on_train_end(self, logs=None):
         coordinator = self._coordinator()
@@ -249,3 +365,57 @@ class ShardingCallback(keras.callbacks.Callback):
         from antdt_tf.tf.variables import full_value
 
         return full_value(self.applied).numpy()
+
+
+class ClusterMonitorCallback(keras.callbacks.Callback):
+    """Chief: about every ``report_seconds`` tells the master's Monitor what each worker
+    trained (the master's own count, from the workers' reports) and how long every PS
+    takes to answer (``probe``: :class:`antdt_tf.tf.ps_probe.PsProbe`), as the custom
+    loop's coordinator does — so the Controller judges (and may replace) a slow PS in a
+    ``model.fit`` job too. Best effort: a failed report is logged, training goes on.
+
+    Under PSS the batch hooks run on the chief's main thread as steps are scheduled,
+    which is also where the probe's remote reads must run (concurrent remote reads from
+    several threads crashed TF here)."""
+
+    def __init__(self, master: str, dataset: str, probe, incarnation: int,
+                 report_seconds: float = 1.0):
+        super().__init__()
+        from antdt_tf.monitor.client import MonitorClient
+        from antdt_tf.sharding.client import ShardingClient
+
+        self._supports_tf_logs = True
+        self.dataset, self.probe, self.incarnation = dataset, probe, incarnation
+        self.report_seconds = report_seconds
+        self.client = ShardingClient(master)
+        self.monitor = MonitorClient(master)
+        self.reports = 0
+        self._last = 0.0
+
+    def report(self) -> None:
+        from antdt_tf.sharding.client import worker_split
+
+        self._last = time.monotonic()
+        try:
+            shards, records = worker_split(self.client.progress(self.dataset))
+            self.monitor.report_trainer(self.incarnation, list(zip(shards, records)),
+                                        ps_latency_ms=self.probe.measure())
+            self.reports += 1
+        except Exception as e:  # progress reports are best effort; training goes on
+            log.warning("trainer report not delivered: %s", e)
+
+    def on_train_begin(self, logs=None):
+        # the first report one period in, not at the first batch: the first step's
+        # function is still being sent to the workers then, and a remote read racing
+        # with that once sent a request TF could not parse (a worker's "Unable to parse
+        # request", the job failed); the custom loop's first report also waits a period
+        self._last = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if time.monotonic() - self._last >= self.report_seconds:
+            self.report()
+
+    def on_train_end(self, logs=None):
+        self.report()
+        self.client.close()
+        self.monitor.close()

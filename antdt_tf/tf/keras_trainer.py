@@ -30,6 +30,16 @@ flags.DEFINE_string("report_json", "", "Write the result report here.")
 flags.DEFINE_string("checkpoint_dir", "", "Checkpoint model + optimizer + sharding state.")
 flags.DEFINE_float("checkpoint_every_seconds", 10.0, "Checkpoint this often.")
 flags.DEFINE_string("eval_data", "", "Record file for the final AUC / logloss.")
+flags.DEFINE_bool("sparse_reports", True, "Steps record how far each lease got on the PS and "
+                  "report a lease when it is finished (the master asks for per-batch reports "
+                  "where it may steal or back up); the chief settles dead workers' leases from "
+                  "the record. False: a report after every step.")
+flags.DEFINE_float("report_seconds", 1.0, "How often per-worker numbers and PS probes go to "
+                   "the master's ClusterMonitor (for the progress line and the controller).")
+flags.DEFINE_integer("incarnation", -1, "This chief's incarnation for the master (-1: "
+                     "milliseconds since the epoch, which grows with every relaunch).")
+flags.DEFINE_integer("worker_slots", 0, "Rows of the lease record (the job's largest worker "
+                     "index + 1); 0 = the workers in --cluster.")
 
 
 def main(argv):
@@ -57,14 +67,23 @@ def main(argv):
     sharding = antdt_keras.ShardingCallback(
         FLAGS.master, FLAGS.dataset, checkpoint_dir=FLAGS.checkpoint_dir,
         checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
-        audit_records=progress.records_per_epoch if FLAGS.audit else 0)
+        audit_records=progress.records_per_epoch if FLAGS.audit else 0,
+        sparse_reports=FLAGS.sparse_reports, worker_slots=FLAGS.worker_slots)
     report = {"restored_from": sharding.restore_or_initialize(model)}
     import time
+
+    from antdt_tf.tf.ps_probe import PsProbe
+
+    incarnation = FLAGS.incarnation if FLAGS.incarnation >= 0 else int(time.time() * 1000)
+    monitor = antdt_keras.ClusterMonitorCallback(
+        FLAGS.master, FLAGS.dataset, PsProbe(strategy, len(spec["ps"])), incarnation,
+        report_seconds=FLAGS.report_seconds)
     t0 = time.monotonic()
     try:
-        model.fit(antdt_keras.dataset_creator(FLAGS.master, FLAGS.dataset, FLAGS.batch_size),
+        model.fit(antdt_keras.dataset_creator(FLAGS.master, FLAGS.dataset, FLAGS.batch_size,
+                                              sparse_reports=FLAGS.sparse_reports),
                   epochs=1, steps_per_epoch=sharding.steps_upper_bound(FLAGS.batch_size),
-                  callbacks=[sharding], verbose=0)
+                  callbacks=[sharding, monitor], verbose=0)
     except tf.errors.UnavailableError as e:
         _leave(75, f"cluster task unavailable, relaunch me: {e}")
     except Exception as e:  # the binary's top level: report, then leave
@@ -76,6 +95,7 @@ def main(argv):
     report.update(records=int(final.datasets[0].records_done_total),
                   shards=int(final.datasets[0].shards_per_epoch * final.datasets[0].num_epochs),
                   seconds=time.monotonic() - t0, api="keras",
+                  sparse_reports=FLAGS.sparse_reports, settled_held_leases=sharding.settled,
                   shards_per_worker=[int(t.shards_done) for t in workers],
                   records_per_worker=[int(t.records_done) for t in workers])
     if FLAGS.audit:

@@ -236,21 +236,21 @@ def send_report(master: str, dataset: str, worker, incarnation, leases, shards, 
 
 
 def report_applied(master: str, dataset: str, meta: dict,
-                   timeout_ms: int = DEFAULT_TIMEOUT_MS):
+                   timeout_ms: int = DEFAULT_TIMEOUT_MS, micros=None, steps=None):
     """Tells the master how far each lease in a trained batch got (a batch of
     :func:`pull_dataset`'s, or its real records: ``meta``'s per-record ``lease``,
     ``shard``, ``epoch``, ``applied`` and the batch's ``worker``, ``incarnation``). Call
     after the step (in the same tf.function, under ``tf.control_dependencies`` on the
     step's effects: see :func:`run_step`). Returns the rejected count of
-    :func:`send_report`. (What the batch counts for the worker's own counters:
-    :func:`batch_counts`.)"""
+    :func:`send_report` (``micros``/``steps``: as there). (What the batch counts for the
+    worker's own counters: :func:`batch_counts`.)"""
     leases, idx = tf.unique(meta["lease"])
     n = tf.shape(leases)[0]
     return send_report(master, dataset, meta["worker"], meta["incarnation"], leases,
                        tf.math.unsorted_segment_max(meta["shard"], idx, n),
                        tf.math.unsorted_segment_max(meta["epoch"], idx, n),
                        tf.math.unsorted_segment_max(meta["applied"], idx, n),
-                       timeout_ms=timeout_ms)
+                       micros=micros, steps=steps, timeout_ms=timeout_ms)
 
 
 def batch_counts(meta):
@@ -263,38 +263,53 @@ def batch_counts(meta):
     return tf.stack([records, finished])
 
 
-def lease_record_update(record, worker, incarnation, lease, before):
+def lease_record_shape(worker_slots: int) -> list[int]:
+    """The lease record's shape: two rows per worker slot, chosen by the incarnation's
+    parity (the master alternates it, so a relaunched worker does not overwrite the row
+    of the incarnation that died before the trainer settled it); each row
+    ``(incarnation, lease, applied before the batch, the batch's records)``."""
+    return [2 * worker_slots, 4]
+
+
+def lease_record_update(record, worker, incarnation, lease, before, records):
     """Sparse reports, the recording side: the op that writes ``(incarnation, lease,
-    applied before the batch)`` into the worker's row of ``record`` (a ``[2 * slots, 3]``
-    int64 variable on the PS, two rows per worker slot by incarnation parity: the
-    master alternates it, so a relaunched worker does not overwrite the row of the
-    incarnation that died before the trainer settled it). Run it beside the step's
-    updates: where the lease was *before* the batch is a fact once the step runs.
-    :func:`apply_lease_records` reads the rows back. Every trainer's step uses this."""
-    incarnation = tf.cast(tf.reshape(incarnation, []), tf.int64)
-    row = 2 * tf.cast(tf.reshape(worker, []), tf.int64) + tf.math.floormod(incarnation, 2)
+    applied before the batch, records in the batch)`` into the worker's row of
+    ``record`` (an int64 variable on the PS, :func:`lease_record_shape`). Run it beside
+    the step's updates: where the lease was *before* the batch is a fact once the step
+    runs; ``before + records`` is where it is once the step has landed, which only a
+    trainer that drained its steps may assume. :func:`apply_lease_records` reads the
+    rows back. Every trainer's step uses this."""
+    def i64(v):
+        return tf.cast(tf.reshape(v, []), tf.int64)
+
+    incarnation = i64(incarnation)
+    row = 2 * i64(worker) + tf.math.floormod(incarnation, 2)
     return record.scatter_update(tf.IndexedSlices(
-        tf.reshape(tf.stack([incarnation, tf.cast(tf.reshape(lease, []), tf.int64),
-                             tf.cast(tf.reshape(before, []), tf.int64)]), [1, 3]),
+        tf.reshape(tf.stack([incarnation, i64(lease), i64(before), i64(records)]), [1, 4]),
         tf.reshape(row, [1])))
 
 
-def apply_lease_records(record_fn, dataset: str, rows, held=()) -> None:
+def apply_lease_records(record_fn, dataset: str, rows, held=(), drained: bool = False) -> None:
     """Sparse reports, the settling side: tells the master how far each worker's latest
-    lease got, from the record rows on the PS (``(incarnation, lease, applied before
-    the batch)``, two rows per worker slot by incarnation parity), and settles ``held``
-    leases (``DatasetProgress.held``; a lease without a row is settled at the master's
-    own count, which is then exact: its holder trained no batch of it after its last
-    report). ``record_fn``: ``ShardingClient.apply_lease_record``. Shared by
-    :class:`PullTrainer` and the TF1 chief's ``LeaseSettleHook``."""
+    lease got, from the record rows on the PS (:func:`lease_record_update`), and settles
+    ``held`` leases (``DatasetProgress.held``; a lease without a row is settled at the
+    master's own count, which is then exact: its holder trained no batch of it after its
+    last report). A row counts up to *before* its batch — the batch may not have landed
+    (a kill repeats at most that one batch) — unless ``drained``: every step the trainer
+    scheduled has finished (its checkpoint drain), so a live holder's last batch is in
+    the model and counts too (a held lease's holder died: its batch stays uncounted).
+    ``record_fn``: ``ShardingClient.apply_lease_record``. Shared by :class:`PullTrainer`,
+    the Keras callback and the TF1 chief's ``LeaseSettleHook``."""
     from antdt_tf.proto import sharding_pb2 as pb
 
+    dead = {(h.lease_id, h.holder.incarnation) for h in held}
     sent = set()
-    for row, (incarnation, lease, applied) in enumerate(
+    for row, (incarnation, lease, before, records) in enumerate(
             [int(v) for v in r] for r in rows):
         if incarnation >= 0 and lease >= 0:
             holder = pb.TaskId(type="worker", index=row // 2, incarnation=incarnation)
-            record_fn(dataset, lease, holder, applied)
+            landed = drained and (lease, incarnation) not in dead
+            record_fn(dataset, lease, holder, before + records if landed else before)
             sent.add((lease, incarnation))
     for h in held:
         if (h.lease_id, h.holder.incarnation) not in sent:
@@ -402,8 +417,8 @@ class PullTrainer(WorkerCounters):
                 # sparse reports: each worker's latest step (lease_record_update).
                 # Not checkpointed: a restore re-issues every lease anyway.
                 self._lease_record = tf.Variable(
-                    tf.fill([2 * slots, 3], tf.constant(-1, tf.int64)), trainable=False,
-                    name="antdt_lease_record")
+                    tf.fill(lease_record_shape(slots), tf.constant(-1, tf.int64)),
+                    trainable=False, name="antdt_lease_record")
         self._train = tf.function(self._train_fn)
 
     def _train_fn(self, iterator):
@@ -435,10 +450,10 @@ class PullTrainer(WorkerCounters):
                 # this step runs (the previous step and its report are complete), so it
                 # is written beside the step, not after it. A kill repeats at most the
                 # batch in flight or the one just applied: one batch.
-                before = tf.reduce_max(meta["applied"]) - tf.shape(
-                    meta["lease"], out_type=tf.int64)[0]
+                n = tf.shape(meta["lease"], out_type=tf.int64)[0]
                 lease_record_update(self._lease_record, meta["worker"], meta["incarnation"],
-                                    tf.reduce_max(meta["lease"]), before)
+                                    tf.reduce_max(meta["lease"]),
+                                    tf.reduce_max(meta["applied"]) - n, n)
             return tf.constant(1, tf.int64)
 
         # One tf.cond holds every PS op of a step. The function runs partitioned over the
@@ -517,10 +532,11 @@ class PullTrainer(WorkerCounters):
                 tf.reshape(tf.timestamp(), [1]), worker))
         # no return value: fetching remote tensors from several threads crashed TF
 
-    def _apply_records(self, held=()) -> None:
+    def _apply_records(self, held=(), drained: bool = False) -> None:
         """Sparse reports: brings the master up to the records on the PS and settles
         ``held`` leases (:func:`apply_lease_records`)."""
-        apply_lease_records(self.record_fn, self.dataset, self._lease_record.numpy(), held)
+        apply_lease_records(self.record_fn, self.dataset, self._lease_record.numpy(), held,
+                            drained=drained)
 
     def train(self) -> PullResult:
         master, dataset, batch_size = self.master, self.dataset, self.batch_size
@@ -558,7 +574,7 @@ class PullTrainer(WorkerCounters):
                     drain()
                     if not errors:
                         if sparse:   # no step runs now: the records are final
-                            self._apply_records(self.progress_fn().held)
+                            self._apply_records(self.progress_fn().held, drained=True)
                         self.on_checkpoint()
                     last_ckpt = time.monotonic()
                 progress = self.progress_fn()
