@@ -540,7 +540,8 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
                 port = next(a.split("=", 1)[1] for a in master.cmdline() if a.startswith("--port="))
                 admin = ShardingClient(f"127.0.0.1:{port}", timeout=2)
                 monitor = MonitorClient(f"127.0.0.1:{port}")
-            c = _find(tree, "antdt_tf.tf.coordinator")
+            c = _find(tree, "antdt_tf.tf.keras_trainer" if api == "keras"
+                      else "antdt_tf.tf.coordinator")
             if c is not None and (coord is None or c.pid != coord.pid):
                 coord = c   # (a relaunch would restart the count; none is injected here)
             try:
@@ -590,6 +591,10 @@ SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
           # workers with the antdt SessionRunHooks (no ParameterServerStrategy)
           "m": ("(m) antdt-tf, TF1 MTS hooks", lambda work, args, straggler: run_antdt(
               work, args, straggler, api="mts")),
+          # antdt-tf's Keras path: tf-keras model.fit + ShardingCallback (one step per
+          # closure, sparse reports)
+          "k": ("(k) antdt-tf, Keras model.fit", lambda work, args, straggler: run_antdt(
+              work, args, straggler, api="keras")),
           # diagnosis: what ParameterServerStrategy itself costs — (c)'s closure loop
           # (16 steps per closure, the same step) on static thirds, no master, no reports
           "s": ("(s) TF2 PSS static thirds", lambda work, args, straggler: run_vanilla(
@@ -683,6 +688,14 @@ def write_results(args, results: dict, started: str) -> None:
             f"- antdt-tf's TF1 path: JCT (m)/(b) with the straggler: "
             f"{med_jct('m', True) / med_jct('b', True):.2f}; (m) throughput without "
             f"straggler vs (b): {med_rps('m', False) / med_rps('b', False):.2f}x")
+    if set("ck") <= set(args.setups):
+        lines.append(
+            f"- antdt-tf's Keras path: (k) throughput without straggler vs (c): "
+            f"{med_rps('k', False) / med_rps('c', False):.2f}x; JCT (k)/(c) with the "
+            f"straggler: {med_jct('k', True) / med_jct('c', True):.2f}")
+    if set("bk") <= set(args.setups):
+        lines.append(
+            f"- JCT (k)/(b) with the straggler: {med_jct('k', True) / med_jct('b', True):.2f}")
     if set("cd") <= set(args.setups):
         lines.append(f"- JCT (c)/(c') with the straggler: "
                      f"{med_jct('c', True) / med_jct('d', True):.2f}, without: "
@@ -710,7 +723,8 @@ def main():
     ap.add_argument("--shuffle_buffer", type=int, default=10_000)
     ap.add_argument("--slowdown", type=float, default=4.0)
     ap.add_argument("--setups", default="abc", help="which setups to run, e.g. 'ac' (s: the "
-                    "diagnostic TF2 PSS static-thirds loop, d: (c) without periodic checkpoints)")
+                    "diagnostic TF2 PSS static-thirds loop, d: (c) without periodic checkpoints, m: antdt "
+                    "on TF1 MonitoredTrainingSession hooks, k: antdt with Keras model.fit)")
     ap.add_argument("--stragglers", default="both", choices=["both", "none", "only"],
                     help="run each setup without the straggler, with it, or both")
     ap.add_argument("--out", default="benchmarks/results/compare_pss.md")

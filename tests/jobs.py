@@ -53,12 +53,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 @contextlib.contextmanager
 def local_pss_job(tmp_path, num_records: int, eval_records: int, seed: int,
-                  records_per_shard: int = 1024, num_workers: int = 2):
+                  records_per_shard: int = 1024, num_workers: int = 2, lease=None):
     """Yields ``(master, cluster, admin, flags)``; ``flags`` point the chief at the
-    held-out data."""
+    held-out data. ``lease``: the master's ``LeaseConfig`` (default: its own)."""
     data, held_out = write_data(tmp_path, num_records, eval_records, seed)
     n = num_records
-    with BackgroundMaster(ShardingServicer(ShardState())) as master, \
+    state = ShardState(lease) if lease is not None else ShardState()
+    with BackgroundMaster(ShardingServicer(state)) as master, \
             LocalCluster(num_ps=1, num_workers=num_workers, log_dir=tmp_path) as cluster, \
             ShardingClient(master.address) as admin:
         admin.register_dataset(DatasetSpec("train", records_per_shard=records_per_shard,

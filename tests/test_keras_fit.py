@@ -73,6 +73,48 @@ def test_fit_survives_a_worker_sigkill(tmp_path):
         assert report["settled_held_leases"] >= 1, report
 
 
+def test_a_refused_lease_is_skipped(tmp_path, caplog):
+    """Leases of 1 s: a worker stopped (SIGSTOP) for 2.5 s loses its lease, which the
+    master re-issues from its count; after SIGCONT the worker's next report is refused
+    and it skips the rest of that lease (sample weight 0, not counted), so each
+    refusal repeats at most the one batch in flight (per-batch reports: the case
+    where the master can refuse mid-lease; the first steps' tracing can cost a lease
+    too)."""
+    import os
+    import time
+
+    from antdt_tf.sharding.state import LeaseConfig
+
+    caplog.set_level("WARNING", logger="antdt_tf.sharding.tf_rpc")
+    stopped = []
+    lease = LeaseConfig(min_seconds=1.0, initial_seconds=1.0, max_seconds=1.0)
+    with local_pss_job(tmp_path, N, EVAL, seed=2, lease=lease) as (
+            master, cluster, admin, flags):
+        def stop_once(_chief):
+            if not stopped and admin.progress("train").datasets[0].done_shards >= 6:
+                pid = cluster.procs["worker", 1].pid
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+                try:
+                    time.sleep(2.5)
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+        report = run_local_job(tmp_path, master.address, cluster, 256, buckets=4096,
+                               timeout=240, module=KERAS, on_poll=stop_once,
+                               flags=flags + ["--nosparse_reports"])
+    import re
+
+    refused = [re.search(r"lease (\d+)", r.getMessage().split("not counted:", 1)[1])[1]
+               for r in caplog.records if "not counted:" in r.getMessage()]
+    assert stopped and refused
+    # each refused lease was refused once: the worker reported nothing of it again
+    # (without the skip: a refusal per remaining batch, every one applied twice)
+    assert len(refused) == len(set(refused)), refused
+    a = report["audit"]
+    assert a["applied_0"] == 0, a
+    assert a["applied_2plus"] <= 256 * len(refused), (a, refused)
+
+
 def test_chief_sigkill_and_relaunch_restore_model_and_data_position(tmp_path):
     with keras_job(tmp_path) as (master, cluster, admin, flags):
         flags = flags + [f"--checkpoint_dir={tmp_path / 'ckpt'}", "--checkpoint_every_seconds=1"]

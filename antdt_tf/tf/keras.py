@@ -148,6 +148,7 @@ class ShardingCallback(keras.callbacks.Callback):
         self.settle_seconds = settle_seconds
         self.lease_record = None
         self.unreported = None    # per worker: (micros, steps) of steps not reported yet
+        self.refused_lease = None
         self.settled = 0          # held leases settled from the record
         self._last_check = time.monotonic()
         self.manager = None
@@ -171,14 +172,20 @@ class ShardingCallback(keras.callbacks.Callback):
             with strategy.scope():
                 self.applied = tf.Variable(tf.zeros([self.audit_records], tf.int32),
                                            trainable=False, name="antdt_applied")
+        # PSS keeps its resolver privately (strategy.cluster_resolver is None)
+        resolver = getattr(strategy, "_cluster_resolver", None)
+        slots = max(self.worker_slots, len(
+            resolver.cluster_spec().as_dict().get("worker", [])) if resolver else 0)
+        if slots <= 0:
+            raise ValueError("pass worker_slots > 0 (the job's largest worker index + 1): "
+                             "the strategy does not say")
+        if self.refused_lease is None:
+            with strategy.scope():
+                # per worker: a lease the master refused a report of (expired while its
+                # holder was silent, restored): its further batches are skipped
+                self.refused_lease = tf.Variable(tf.fill([slots], tf.constant(-1, tf.int64)),
+                                                 trainable=False, name="antdt_refused_lease")
         if self.sparse_reports and self.lease_record is None:
-            # PSS keeps its resolver privately (strategy.cluster_resolver is None)
-            resolver = getattr(strategy, "_cluster_resolver", None)
-            slots = max(self.worker_slots, len(
-                resolver.cluster_spec().as_dict().get("worker", [])) if resolver else 0)
-            if slots <= 0:
-                raise ValueError("sparse reports need worker_slots > 0 (the job's largest "
-                                 "worker index + 1): the strategy does not say")
             with strategy.scope():
                 # not checkpointed: a restore re-issues every lease anyway
                 self.lease_record = tf.Variable(
@@ -191,18 +198,31 @@ class ShardingCallback(keras.callbacks.Callback):
         original = model.train_step
         master, dataset, timeout_ms = self.master, self.dataset, self.timeout_ms
         applied_var, record_var, unreported = self.applied, self.lease_record, self.unreported
+        refused_var = self.refused_lease
 
         def train_step(data):
             start = tf.timestamp()    # the batch is here: the step's own time from now
             x, y, w = keras.utils.unpack_x_y_sample_weight(data)
             x = dict(x)
             meta, ids = x.pop("antdt"), x.pop("record_id")
+            row = tf.reshape(meta["worker"], [1])
+            vec = {k: tf.reshape(meta[k], [-1]) for k in
+                   ("lease", "shard", "epoch", "applied", "length", "sparse")}
+            lease = tf.reduce_max(vec["lease"])   # a batch never spans leases
+            # a refused lease is not this worker's any more: its batch trains with
+            # sample weight 0 (no gradient for SGD) and counts nowhere
+            skip = tf.logical_and(lease >= 0, tf.equal(
+                tf.reshape(tf.gather(refused_var, row), []), lease))
+            keep = tf.cast(tf.logical_not(skip), tf.float32)
+            w = keep * tf.ones_like(vec["lease"], tf.float32) if w is None else (
+                w * tf.cast(keep, w.dtype))
+            real = tf.logical_and(vec["lease"] >= 0, tf.logical_not(skip))
+            any_real = tf.reduce_any(real)
 
             def record():
                 # where the lease was before this batch (a batch never spans leases)
                 n = tf.reduce_sum(tf.cast(real, tf.int64))
-                lease_record_update(record_var, meta["worker"], meta["incarnation"],
-                                    tf.reduce_max(vec["lease"]),
+                lease_record_update(record_var, meta["worker"], meta["incarnation"], lease,
                                     tf.reduce_max(vec["applied"]) - n, n)
                 return tf.constant(0, tf.int64)
 
@@ -216,10 +236,6 @@ class ShardingCallback(keras.callbacks.Callback):
                     tf.cond(any_real, record, lambda: tf.constant(0, tf.int64))
                 return logs
 
-            vec = {k: tf.reshape(meta[k], [-1]) for k in
-                   ("lease", "shard", "epoch", "applied", "length", "sparse")}
-            real = vec["lease"] >= 0
-            any_real = tf.reduce_any(real)
             report = {k: tf.boolean_mask(vec[k], real)
                       for k in ("lease", "shard", "epoch", "applied")}
             due = any_real
@@ -230,19 +246,24 @@ class ShardingCallback(keras.callbacks.Callback):
             # the report goes out only after every update of the step has landed
             logs, effects = run_step(step)
 
-            def send(micros=None, steps=None):
-                return report_applied(master, dataset, dict(
-                    report, worker=meta["worker"], incarnation=meta["incarnation"]),
-                    timeout_ms, micros=micros, steps=steps)
-
             def zero():
                 return tf.constant(0, tf.int64)
+
+            def refuse():
+                refused_var.scatter_update(tf.IndexedSlices(tf.reshape(lease, [1]), row))
+                return zero()
+
+            def send(micros=None, steps=None):
+                rejected = report_applied(master, dataset, dict(
+                    report, worker=meta["worker"], incarnation=meta["incarnation"]),
+                    timeout_ms, micros=micros, steps=steps)
+                tf.cond(rejected > 0, refuse, zero)
+                return rejected
 
             with tf.control_dependencies(effects):
                 if unreported is None:   # every batch reported, timed by the gaps
                     tf.cond(due, send, zero)
                     return logs
-                row = tf.reshape(meta["worker"], [1])
                 this = tf.cast((tf.timestamp() - start) * 1e6, tf.int64)
 
                 def send_sparse():
