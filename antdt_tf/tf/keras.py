@@ -110,7 +110,8 @@ class ShardingCallback(keras.callbacks.Callback):
       checkpoint_every_seconds: checkpoint this often (after draining the scheduled steps).
       check_every_batches: ask the master whether the dataset is finished this often.
       max_ahead: steps scheduled ahead of the executed ones (bounds the padding steps
-        that still run after the data ended).
+        that still run after the data ended); with ``steps_per_execution`` > 1 at least
+        two executions per worker stay scheduled, so that no worker waits for the chief.
       audit_records: if > 0, count per record id how often it was applied (a variable on
         the PS, updated in the step) — ``applied_counts()`` returns the counts.
       sparse_reports: steps record their lease position on the PS and report a lease
@@ -132,6 +133,8 @@ class ShardingCallback(keras.callbacks.Callback):
 
         self._ahead = collections.deque()
         self.max_ahead = max_ahead
+        self._ahead_limit = max_ahead
+        self._num_workers = 1
         from antdt_tf.sharding.client import ShardingClient
 
         self._supports_tf_logs = True    # batch hooks under PSS (they see RemoteValues)
@@ -179,6 +182,8 @@ class ShardingCallback(keras.callbacks.Callback):
         if slots <= 0:
             raise ValueError("pass worker_slots > 0 (the job's largest worker index + 1): "
                              "the strategy does not say")
+        self._num_workers = len(resolver.cluster_spec().as_dict().get("worker", [])) \
+            if resolver else slots
         if self.refused_lease is None:
             with strategy.scope():
                 # per worker: a lease the master refused a report of (expired while its
@@ -352,13 +357,18 @@ class ShardingCallback(keras.callbacks.Callback):
         self._last_checkpoint = time.monotonic()
         return path
 
+    def on_train_begin(self, logs=None):
+        spe = getattr(self.model, "_steps_per_execution", None)
+        spe = int(spe.numpy()) if spe is not None else 1
+        self._ahead_limit = max(-(-self.max_ahead // spe), 2 * self._num_workers)
+
     def on_train_batch_end(self, batch, logs=None):
         # Under PSS this runs when the step is *scheduled*, with its logs a RemoteValue.
         # Keep at most `max_ahead` steps scheduled beyond the executed ones, so that
         # when the data ends only that many padding steps are already queued.
         if logs is not None and hasattr(logs, "fetch"):
             self._ahead.append(logs)
-            if len(self._ahead) > self.max_ahead:
+            if len(self._ahead) > self._ahead_limit:
                 try:
                     self._ahead.popleft().fetch()    # waits for that step (main thread only)
                 except tf.errors.OpError:

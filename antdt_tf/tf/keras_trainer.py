@@ -34,6 +34,9 @@ flags.DEFINE_bool("sparse_reports", True, "Steps record how far each lease got o
                   "report a lease when it is finished (the master asks for per-batch reports "
                   "where it may steal or back up); the chief settles dead workers' leases from "
                   "the record. False: a report after every step.")
+flags.DEFINE_integer("steps_per_execution", 16, "Training steps per scheduled closure "
+                     "(model.compile's steps_per_execution): one step per closure pays the "
+                     "closure's fixed cost every batch.")
 flags.DEFINE_float("report_seconds", 1.0, "How often per-worker numbers and PS probes go to "
                    "the master's ClusterMonitor (for the progress line and the controller).")
 flags.DEFINE_integer("incarnation", -1, "This chief's incarnation for the master (-1: "
@@ -63,7 +66,8 @@ def main(argv):
     with strategy.scope():
         model = build_keras_deepfm(FLAGS.buckets)
         model.compile(optimizer=keras.optimizers.SGD(FLAGS.learning_rate),
-                      loss=keras.losses.BinaryCrossentropy())
+                      loss=keras.losses.BinaryCrossentropy(),
+                      steps_per_execution=FLAGS.steps_per_execution)
     sharding = antdt_keras.ShardingCallback(
         FLAGS.master, FLAGS.dataset, checkpoint_dir=FLAGS.checkpoint_dir,
         checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
