@@ -77,3 +77,30 @@ def test_launch_rejects_bad_flags_before_starting_anything(tmp_path, flag, messa
     assert out.returncode == 1
     assert message in out.stderr
     assert not list(tmp_path.glob("host*"))   # no agent was started
+
+
+def test_free_ports_are_bindable_and_outside_the_kernels_ephemeral_range():
+    """The launcher's ports for TF servers, agents and the master: a port the kernel can
+    hand out by itself (bind to 0, outgoing connections) could be taken before our
+    server binds it (seen: an agent's port-0 server got a TF worker's port)."""
+    import socket
+
+    from antdt_tf.tf.local_cluster import _ephemeral_range, free_ports
+
+    lo, _ = _ephemeral_range()
+    ports = free_ports(16)
+    assert len(set(ports)) == 16 and all(10000 <= p < lo for p in ports), (ports, lo)
+    # the kernel never gives them out meanwhile: 200 port-0 binds miss all of them
+    socks = []
+    try:
+        for _ in range(200):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        assert not {s.getsockname()[1] for s in socks} & set(ports)
+    finally:
+        for s in socks:
+            s.close()
+    for p in ports:   # and each is free for the server that asks for it by number
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -19,15 +20,48 @@ from typing import Optional
 from antdt_tf.procutil import child_env
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for ports it hands out by itself (bind to 0, outgoing
+    connections)."""
     try:
-        for s in socks:
+        lo, hi = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999   # Linux's default
+
+
+def free_ports(n: int, host: str = "127.0.0.1", lowest: int = 10000,
+               rng: Optional[random.Random] = None) -> list[int]:
+    """``n`` distinct ports that can be bound on ``host`` now, for servers started a
+    little later. Picked *below* the kernel's ephemeral range: a port taken from that
+    range (bind to 0) and released is free for anyone binding to 0 or connecting out
+    until our server binds it — seen: an agent's own port-0 server got a TF worker's
+    port, and the chief's ``GetStatus`` reached the agent ("Method not found"). Below
+    the range only an explicit bind can take it. Falls back to the ephemeral range when
+    nothing is free below it."""
+    rng = rng or random.Random()
+    low_hi = _ephemeral_range()[0]
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    picked: list[int] = []
+    for _ in range(50 * n):
+        if len(picked) == n or low_hi <= lowest:
+            break
+        port = rng.randrange(lowest, low_hi)
+        if port in picked:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue   # in use (or reserved): try another
+        picked.append(port)
+    while len(picked) < n:   # nothing (left) below the ephemeral range
+        with socket.socket(family, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+            port = s.getsockname()[1]
+        if port not in picked:
+            picked.append(port)
+    return picked
 
 
 class LocalCluster:
