@@ -177,13 +177,12 @@ class ShardingCallback(keras.callbacks.Callback):
                                            trainable=False, name="antdt_applied")
         # PSS keeps its resolver privately (strategy.cluster_resolver is None)
         resolver = getattr(strategy, "_cluster_resolver", None)
-        slots = max(self.worker_slots, len(
-            resolver.cluster_spec().as_dict().get("worker", [])) if resolver else 0)
+        workers = len(resolver.cluster_spec().as_dict().get("worker", [])) if resolver else 0
+        slots = max(self.worker_slots, workers)
         if slots <= 0:
             raise ValueError("pass worker_slots > 0 (the job's largest worker index + 1): "
                              "the strategy does not say")
-        self._num_workers = len(resolver.cluster_spec().as_dict().get("worker", [])) \
-            if resolver else slots
+        self._num_workers = workers or slots
         if self.refused_lease is None:
             with strategy.scope():
                 # per worker: a lease the master refused a report of (expired while its
