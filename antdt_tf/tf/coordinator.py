@@ -18,24 +18,15 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 from absl import app, flags
 
+from antdt_tf.tf import chief_flags
 from antdt_tf.tf.cluster_spec import make_strategy, parse_chief_cluster_flag
 
 FLAGS = flags.FLAGS
+flags.adopt_module_key_flags(chief_flags)   # --helpshort lists the shared flags
 EXIT_CLUSTER_UNAVAILABLE = 75  # EX_TEMPFAIL: relaunch when the cluster is whole again
-flags.DEFINE_string("cluster", None, "Cluster spec as JSON (needs a 'chief' job).")
-flags.DEFINE_string("master", None, "host:port of antdt-master.")
-flags.DEFINE_string("dataset", "train", "Registered dataset to train.")
-flags.DEFINE_integer("batch_size", 256, "Records per batch.")
-flags.DEFINE_integer("buckets", 1 << 16, "Hash buckets of the embedding tables.")
-flags.DEFINE_float("learning_rate", 0.2, "SGD learning rate of the model.")
-flags.DEFINE_boolean("audit", False, "Count per record how many times it was applied.")
-flags.DEFINE_string("report_json", "", "Write the result report here.")
-flags.DEFINE_string("checkpoint_dir", "", "Checkpoint model + sharding state here at shard "
-                    "boundaries; a restarted coordinator restores both from the latest.")
 flags.DEFINE_enum("data_path", "pull", ["pull", "closure"], "pull: each worker's tf.data "
                   "pipeline leases shards from the master itself (many steps per closure); "
                   "closure: the coordinator leases shards and schedules one closure per shard.")
@@ -46,26 +37,11 @@ flags.DEFINE_enum("mode", "async", ["async", "bsp"], "async: every worker applie
 flags.DEFINE_integer("max_batch_size", 0, "bsp: the largest batch one worker may stage "
                      "(0: the global batch, num_workers * batch_size).")
 flags.DEFINE_integer("steps_per_closure", 16, "pull: training steps per scheduled closure.")
-flags.DEFINE_bool("sparse_reports", True, "pull, async: steps record how far each lease got "
-                  "on the PS, and a lease is reported to the master when it is finished and at "
-                  "the end of each closure instead of after every batch (leases that may be "
-                  "stolen or backed up are still reported per batch); the trainer settles a "
-                  "dead worker's leases from the PS record. false: report every batch.")
 flags.DEFINE_integer("checkpoint_every_shards", 8, "closure: checkpoint after this many DONE "
                      "shards.")
-flags.DEFINE_float("checkpoint_every_seconds", 10.0, "pull: checkpoint this often (at a step "
-                   "boundary with every trained batch reported).")
-flags.DEFINE_string("eval_data", "", "A record file (.adtr) to compute the final AUC and "
-                    "logloss on, after training (on the coordinator, reading the PS).")
-flags.DEFINE_float("report_seconds", 1.0, "How often per-worker numbers go to the master's "
-                   "ClusterMonitor (for the launcher's progress line and the controller).")
 flags.DEFINE_string("tensorboard_dir", "", "Write the Monitor's view (per-worker BPT, "
                     "records/s, slowness, straggler class; per-PS latency) as TensorBoard "
                     "scalars here, every --report_seconds.")
-flags.DEFINE_integer("worker_slots", 0, "pull: worker slots the job may scale to (sizes the "
-                     "per-worker counters in the checkpoint); 0 = the workers in --cluster.")
-flags.DEFINE_integer("incarnation", -1, "This coordinator's incarnation for the master "
-                     "(-1: milliseconds since the epoch, which grows with every relaunch).")
 
 
 def main(argv):
@@ -79,7 +55,7 @@ def main(argv):
     from antdt_tf.tf.checkpoint import ShardingCheckpoint
     from antdt_tf.tf.trainer import ShardTrainer
 
-    incarnation = FLAGS.incarnation if FLAGS.incarnation >= 0 else int(time.time() * 1000)
+    incarnation = chief_flags.chief_incarnation()
     client = ShardingClient(FLAGS.master, Task("chief", 0, incarnation))
     progress = client.progress(FLAGS.dataset).datasets[0]
     strategy = make_strategy(spec)

@@ -1,0 +1,46 @@
+"""The flags every chief binary of a PSS job shares (``antdt-coordinator``,
+``antdt-keras-trainer``): where the cluster and the master are, what to train, the
+report, checkpoints and the Monitor. Importing this module defines them (absl flags are
+process-global, so each is defined once here, not once per binary)."""
+
+from __future__ import annotations
+
+import time
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("cluster", None, "Cluster spec as JSON (needs a 'chief' job).")
+flags.DEFINE_string("master", None, "host:port of antdt-master.")
+flags.DEFINE_string("dataset", "train", "Registered dataset to train.")
+flags.DEFINE_integer("batch_size", 256, "Records per batch.")
+flags.DEFINE_integer("buckets", 1 << 16, "Hash buckets of the embedding tables.")
+flags.DEFINE_float("learning_rate", 0.2, "SGD learning rate of the model.")
+flags.DEFINE_boolean("audit", False, "Count per record how many times it was applied.")
+flags.DEFINE_string("report_json", "", "Write the result report here.")
+flags.DEFINE_string("checkpoint_dir", "", "Checkpoint model (+ optimizer) + sharding state "
+                    "here at step or shard boundaries; a restarted chief restores all of it "
+                    "from the latest.")
+flags.DEFINE_float("checkpoint_every_seconds", 10.0, "Checkpoint this often (the pull path "
+                   "and Keras: at a step boundary, after draining the steps in flight).")
+flags.DEFINE_string("eval_data", "", "A record file (.adtr) to compute the final AUC and "
+                    "logloss on, after training (on the chief, reading the PS).")
+flags.DEFINE_bool("sparse_reports", True, "Steps record how far each lease got on the PS, "
+                  "and a lease is reported to the master when it is finished (the custom "
+                  "loop: also at the end of each closure) instead of after every batch "
+                  "(leases that may be stolen or backed up are still reported per batch); "
+                  "the chief settles a dead worker's leases from the PS record. false: "
+                  "report every batch.")
+flags.DEFINE_float("report_seconds", 1.0, "How often per-worker numbers and PS probes go to "
+                   "the master's ClusterMonitor (for the launcher's progress line and the "
+                   "controller).")
+flags.DEFINE_integer("worker_slots", 0, "Worker slots the job may scale to (sizes the "
+                     "per-worker variables: counters, lease record); 0 = the workers in "
+                     "--cluster.")
+flags.DEFINE_integer("incarnation", -1, "This chief's incarnation for the master (-1: "
+                     "milliseconds since the epoch, which grows with every relaunch).")
+
+
+def chief_incarnation() -> int:
+    """``--incarnation``, or milliseconds since the epoch."""
+    return FLAGS.incarnation if FLAGS.incarnation >= 0 else int(time.time() * 1000)
