@@ -406,10 +406,11 @@ class ClusterMonitorCallback(keras.callbacks.Callback):
 
     Under PSS the batch hooks run on the chief's main thread as steps are scheduled,
     which is also where the probe's remote reads must run (concurrent remote reads from
-    several threads crashed TF here)."""
+    several threads crashed TF here). ``client``: a ``ShardingClient`` of the master the
+    chief already has (not closed here); None opens (and closes) one."""
 
     def __init__(self, master: str, dataset: str, probe, incarnation: int,
-                 report_seconds: float = 1.0):
+                 report_seconds: float = 1.0, client=None):
         super().__init__()
         from antdt_tf.monitor.client import MonitorClient
         from antdt_tf.sharding.client import ShardingClient
@@ -417,7 +418,8 @@ class ClusterMonitorCallback(keras.callbacks.Callback):
         self._supports_tf_logs = True
         self.dataset, self.probe, self.incarnation = dataset, probe, incarnation
         self.report_seconds = report_seconds
-        self.client = ShardingClient(master)
+        self._own_client = client is None
+        self.client = ShardingClient(master) if client is None else client
         self.monitor = MonitorClient(master)
         self.reports = 0
         self._last = 0.0
@@ -447,5 +449,6 @@ class ClusterMonitorCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.report()
-        self.client.close()
+        if self._own_client:
+            self.client.close()
         self.monitor.close()

@@ -65,7 +65,7 @@ def main(argv):
     incarnation = chief_flags.chief_incarnation()
     monitor = antdt_keras.ClusterMonitorCallback(
         FLAGS.master, FLAGS.dataset, PsProbe(strategy, len(spec["ps"])), incarnation,
-        report_seconds=FLAGS.report_seconds)
+        report_seconds=FLAGS.report_seconds, client=client)
     t0 = time.monotonic()
     try:
         model.fit(antdt_keras.dataset_creator(FLAGS.master, FLAGS.dataset, FLAGS.batch_size,
