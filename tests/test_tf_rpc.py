@@ -88,6 +88,9 @@ def test_a_new_incarnation_takes_back_the_old_ones_leases(master):
                                   c64([30])], [I64])
     (new,) = call(master, "antdt.open", [tf.constant("d"), c64(0)], [I64])
     assert new > old
+    # the open itself replaced the old incarnation: its lease is back, from its offset
+    p = master.call(master.servicer.state.progress, "d").datasets[0]
+    assert p.doing_shards == 0 and p.records_done_total == 30
     again = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(new), c64(1)], nxt)
     # the same shard again, resuming after the 30 records the old incarnation applied
     assert again[2] == first[2] and again[6] == first[6] + 30 and again[7] == first[7] - 30
@@ -234,6 +237,10 @@ def test_sparse_reports_open_next_report_and_the_held_lease(master):
     assert rejected == 0 and steps == [(5, inc, 40, 0.25, 5)]
     (again,) = call(master, "antdt.open", [d, c64(5)], [I64])
     assert (again - inc) % 2 == 1
+    # held from the open on (before the new incarnation asks for anything): the chief
+    # can settle it while the new pipeline has not pulled yet
+    held = master.call(master.servicer.state.progress, "d").datasets[0].held
+    assert [(h.lease_id, h.holder.incarnation, h.applied) for h in held] == [(lease, inc, 40)]
     *_, sparse = call(master, "antdt.next", [d, c64(5), c64(again), c64(1)], pull._NEXT_TYPES)
     assert sparse == 0                              # opened without sparse = 1
     held = master.call(master.servicer.state.progress, "d").datasets[0].held

@@ -392,6 +392,20 @@ class ShardState:
             return self._tasks[f"{task.type}:{task.index}"]
         return self._known_task(task, t)
 
+    def join_task(self, task: pb.TaskId) -> bool:
+        """A new incarnation of ``task`` announces itself (a worker's pipeline opened a
+        dataset) before it asks for a shard: the old incarnation is gone now, so its
+        leases are released at once (sparse ones held for the trainer to settle) rather
+        than at the new incarnation's first GetShard, which may come much later (a Keras
+        chief schedules nothing on a recovered worker while it waits for another one's
+        closure; seen: the old leases then sat until their 30 s expiry, the job idle).
+        Returns False if the incarnation is not newer (nothing changes)."""
+        t = self._lookup(task)
+        if t is not None and task.incarnation <= t.incarnation:
+            return False
+        self._commit(pb.JournalEntry(time=self._now(), task_joined=task))
+        return True
+
     def get_shard(self, dataset: str, task: pb.TaskId, request_id: int = 0,
                   sparse_ok: bool = False) -> pb.GetShardResponse:
         """``sparse_ok``: the task's trainer records per-batch offsets on the PS and can

@@ -8,8 +8,8 @@ no bridge process. Each worker's input pipeline (``antdt_tf.tf.pull``) calls:
 
 ``antdt.open(dataset: string, worker[, sparse]: int64) -> incarnation: int64``
     A new incarnation of task ``worker:<i>`` for a new per-worker iterator (e.g. after
-    the worker restarted). Its first ``antdt.next`` replaces the old incarnation, whose
-    leases go back to TODO from their reported offsets. ``sparse`` = 1: this
+    the worker restarted). It replaces the old incarnation at once: its leases go back
+    to TODO from their reported offsets (sparse ones are held for the trainer to settle). ``sparse`` = 1: this
     incarnation's trainer records every batch's offset on the PS and settles leases
     from there (``ApplyLeaseRecord``), so its leases may have sparse reports (below). An
     incarnation differs from the worker's previous one in parity (the trainer keeps
@@ -158,6 +158,8 @@ class TfRpcServicer:
             incarnation += 1   # the other parity than the previous one (see the docstring)
         if sparse:
             self._sparse.add((dataset, worker, incarnation))
+        self.state.join_task(self._task(worker, incarnation))   # the old one's leases: released
+        self.sharding.after_call()
         log.info("worker %d opened dataset %s as incarnation %d", worker, dataset, incarnation)
         return tpb.TfCallResponse(output_tensors=[_i64(incarnation)])
 
