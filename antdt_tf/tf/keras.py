@@ -69,15 +69,27 @@ def _padding(worker, incarnation):
 
 
 def dataset_creator(master: str, dataset: str, batch_size: int,
-                    timeout_ms: int = DEFAULT_TIMEOUT_MS, sparse_reports: bool = False):
+                    timeout_ms: int = DEFAULT_TIMEOUT_MS, sparse_reports: bool = False,
+                    steps_per_execution: int = 1):
     """A Keras ``DatasetCreator`` whose per-worker pipelines pull from the master.
-    ``sparse_reports`` must match the :class:`ShardingCallback`'s."""
+    ``sparse_reports`` must match the :class:`ShardingCallback`'s, and
+    ``steps_per_execution`` the model's (``compile``): with sparse reports a step for
+    which the master has nothing now trains a padding batch after the master's long
+    poll, and a closure runs ``steps_per_execution`` steps, so each poll is cut to
+    2 s / ``steps_per_execution`` — a closure of nothing but waits ends within ~2 s
+    instead of holding its worker (and the chief's pacing) 2 s per step (seen at 16:
+    32 s, while another worker sat on the last lease it had read ahead)."""
+    if steps_per_execution < 1:
+        raise ValueError(f"steps_per_execution must be >= 1, got {steps_per_execution}")
+    wait_ms = -1 if steps_per_execution == 1 else max(50, 2000 // steps_per_execution)
+
     def dataset_fn(input_context):
         del input_context   # shards come from the master, not from a static split
         worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
                          tf.int64)
         pulled = pull_dataset(master, dataset, batch_size, timeout_ms=timeout_ms,
-                              wait_markers=sparse_reports, sparse_reports=sparse_reports)
+                              wait_markers=sparse_reports, sparse_reports=sparse_reports,
+                              wait_ms=wait_ms)
         padding = _padding(worker, tf.constant(-1, tf.int64))
 
         def to_keras(b):
@@ -369,7 +381,7 @@ class ShardingCallback(keras.callbacks.Callback):
             self._ahead.append(logs)
             if len(self._ahead) > self._ahead_limit:
                 try:
-                    self._ahead.popleft().fetch()    # waits for that step (main thread only)
+                    self._wait_for(self._ahead.popleft())
                 except tf.errors.OpError:
                     # the step ran on a worker that died since: its result cannot be
                     # copied, but the step is done (or re-run elsewhere); only pacing here
@@ -381,6 +393,20 @@ class ShardingCallback(keras.callbacks.Callback):
         if ((batch + 1) % self.check_every_batches == 0 or
                 time.monotonic() - self._last_check >= self.settle_seconds):
             self.settle()
+
+    def _wait_for(self, step) -> None:
+        """Waits for a scheduled step (the pacing), settling held leases meanwhile. A
+        step can wait seconds for a worker PSS is recovering, and the master holds a dead
+        worker's sparse leases only ``--settle_seconds`` for this chief to settle them
+        (seen with 16 steps per execution: they expired while the chief waited here and
+        were re-issued from the master's older count). It waits on the step's completion
+        event, which TF's own ``fetch`` waits on (no copy, no remote read on another
+        thread: the settles' PS reads stay on this one)."""
+        done = getattr(step, "_status_available_event", None)   # TF-private; else fetch
+        if done is not None and self.lease_record is not None:
+            while not done.wait(self.settle_seconds):
+                self.settle()
+        step.fetch()   # waits for that step (main thread only)
 
     def on_train_end(self, logs=None):
         coordinator = self._coordinator()
