@@ -48,6 +48,14 @@ Setups
     audit) — but no master, no leases, no reports, no checkpoints. (s) vs (b) is what the
     platform (ParameterServerStrategy's remote functions vs TF1 graph sessions) costs;
     (c) vs (s) is what antdt-tf adds on top.
+(v) **diagnosis — tf-keras ``model.fit`` itself**: TensorFlow's Keras PSS tutorial on
+    the same data: a chief (``--role=keras_chief``) with the Keras DeepFM of (k)
+    (``build_keras_deepfm``, SGD, binary cross-entropy, 16 steps per execution as (k)),
+    a ``DatasetCreator`` whose every worker reads the whole file shuffled and repeated
+    (as (a)), and ``fit`` for ``ceil(records / batch)`` steps — no master, no antdt
+    callback. (k) vs (v) is what antdt-tf adds to a Keras job; (v) vs (a)/(s) what
+    Keras' own step costs. Its per-worker split and audit are not measured (the table
+    shows an even split and no audit); its ideal JCT is its JCT.
 (m) **antdt-tf's TF1 path**: (c)'s launcher with ``--api=mts``: the same master, dynamic
     sharding, per-step reports and audit, but every worker a TF1 between-graph
     ``MonitoredTrainingSession`` with the antdt SessionRunHooks (worker 0 the chief; no
@@ -278,6 +286,57 @@ def _static_thirds_loop(args, tf, strategy, coordinator, model, it, w_records, w
     os._exit(0)
 
 
+# ---------------------------------------------------------------------------- (v) chief
+
+def keras_chief(args) -> None:
+    """The chief of setup (v): bare tf-keras ``model.fit`` under PSS (no antdt-tf)."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"   # before TensorFlow: tf.keras = tf-keras
+    import tensorflow as tf
+
+    from antdt_tf.models.keras_deepfm import build_keras_deepfm
+    from antdt_tf.tf.reader import decode_records
+
+    keras = tf.keras
+    spec = json.loads(args.cluster)
+    sync = pathlib.Path(args.sync_dir)
+    n, b, spe = args.records, args.batch_size, 16
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=tf.distribute.experimental.partitioners.
+        MinSizePartitioner(min_shard_bytes=64 << 10, max_shards=len(spec["ps"])))
+    with strategy.scope():
+        model = build_keras_deepfm(args.buckets)
+        model.compile(optimizer=keras.optimizers.SGD(args.learning_rate),
+                      loss=keras.losses.BinaryCrossentropy(), steps_per_execution=spe)
+    path = args.data
+
+    def dataset_fn(_context):
+        raw = tf.data.TFRecordDataset(path).skip(1)   # record 0 is the .adtr header
+
+        def to_keras(r):
+            batch = decode_records(r)
+            return {"dense": batch["dense"], "sparse": batch["sparse"]}, batch["label"]
+        return raw.shuffle(args.shuffle_buffer).repeat().batch(b).map(to_keras).prefetch(2)
+
+    data = keras.utils.experimental.DatasetCreator(dataset_fn)
+    model.fit(data, epochs=1, steps_per_epoch=spe, verbose=0)   # traces, as (c) before its clock
+    steps = spe * math.ceil(math.ceil(n / b) / spe)
+    _touch(sync / "ready_chief")
+    t_go = _wait_file(sync / "go")
+    cpu0 = time.process_time()
+    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0)
+    t_end = time.time()
+    cpu = time.process_time() - cpu0
+    per = steps * b // len(spec["worker"])
+    result = {"t_go": t_go, "t_end": t_end, "coordinator_cpu": cpu, "steps": steps,
+              "records_per_worker": [per] * len(spec["worker"]),
+              "last_step_time": [t_end] * len(spec["worker"]), "audit": None}
+    pathlib.Path(args.result).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)   # ClusterCoordinator's teardown can linger; everything is written
+
+
 # ---------------------------------------------------------------------------- (b) TF1 worker
 
 def tf1_worker(args) -> None:
@@ -400,7 +459,8 @@ def _ideal(total: int, per_worker_records, busy) -> tuple[float, list[float]]:
     return total / sum(rates), rates
 
 
-def run_vanilla(work: pathlib.Path, args, straggler: bool, static_thirds: bool = False) -> dict:
+def run_vanilla(work: pathlib.Path, args, straggler: bool, static_thirds: bool = False,
+                role: str = "vanilla_chief") -> dict:
     from antdt_tf.agent.throttle import CpuThrottle
     from antdt_tf.tf.local_cluster import LocalCluster
 
@@ -408,7 +468,7 @@ def run_vanilla(work: pathlib.Path, args, straggler: bool, static_thirds: bool =
     sync.mkdir(parents=True)
     result = work / "chief.json"
     with LocalCluster(num_ps=1, num_workers=NUM_WORKERS, log_dir=work) as cluster:
-        cmd = [sys.executable, "-m", "benchmarks.compare_pss", "--role=vanilla_chief",
+        cmd = [sys.executable, "-m", "benchmarks.compare_pss", f"--role={role}",
                f"--cluster={cluster.spec_json}", f"--sync_dir={sync}", f"--result={result}",
                *_model_flags(args)] + (["--static_thirds"] if static_thirds else [])
         with open(work / "chief.log", "ab") as log:
@@ -599,6 +659,9 @@ SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
           # (16 steps per closure, the same step) on static thirds, no master, no reports
           "s": ("(s) TF2 PSS static thirds", lambda work, args, straggler: run_vanilla(
               work, args, straggler, static_thirds=True)),
+          # diagnosis: what tf-keras model.fit itself costs under PSS (no antdt-tf)
+          "v": ("(v) bare tf-keras fit", lambda work, args, straggler: run_vanilla(
+              work, args, straggler, role="keras_chief")),
           # diagnosis: (c) without its periodic checkpoints, which drain every closure in
           # flight (so the fast workers wait for the straggler's current closure)
           "d": ("(c') antdt-tf, no periodic ckpt",
@@ -654,8 +717,9 @@ def write_results(args, results: dict, started: str) -> None:
             f"{_med(runs, 'jct'):.2f} | {rps:,.0f} | {_med(runs, 'ideal'):.2f} | {ratio:.2f} | "
             f"{'—' if key == 'm' else format(_med(runs, 'coord_cpu'), '.2f')}"
             f"{' (chief worker)' if key == 'b' else ''} | "
-            f"{' / '.join(f'{x:,}' for x in per)} | "
-            f"{aud['applied_0']:,} / {aud['applied_1']:,} / {aud['applied_2plus']:,} |")
+            f"{' / '.join(f'{x:,}' for x in per) if aud else '—'} | "
+            + (f"{aud['applied_0']:,} / {aud['applied_1']:,} / {aud['applied_2plus']:,} |"
+               if aud else "— |"))
     lines.append("")
 
     def med_jct(k, s):
@@ -693,6 +757,11 @@ def write_results(args, results: dict, started: str) -> None:
             f"- antdt-tf's Keras path: (k) throughput without straggler vs (c): "
             f"{med_rps('k', False) / med_rps('c', False):.2f}x; JCT (k)/(c) with the "
             f"straggler: {med_jct('k', True) / med_jct('c', True):.2f}")
+    if set("kv") <= set(args.setups):
+        lines.append(
+            f"- what antdt-tf adds to a Keras job: (k) vs (v) throughput without straggler: "
+            f"{med_rps('k', False) / med_rps('v', False):.2f}x; what Keras' own step costs: "
+            f"(v) vs (s): {med_rps('v', False) / med_rps('s', False):.2f}x")
     if set("bk") <= set(args.setups):
         lines.append(
             f"- JCT (k)/(b) with the straggler: {med_jct('k', True) / med_jct('b', True):.2f}")
@@ -724,13 +793,15 @@ def main():
     ap.add_argument("--slowdown", type=float, default=4.0)
     ap.add_argument("--setups", default="abc", help="which setups to run, e.g. 'ac' (s: the "
                     "diagnostic TF2 PSS static-thirds loop, d: (c) without periodic checkpoints, m: antdt "
-                    "on TF1 MonitoredTrainingSession hooks, k: antdt with Keras model.fit)")
+                    "on TF1 MonitoredTrainingSession hooks, k: antdt with Keras model.fit, v: bare tf-keras "
+                    "model.fit)")
     ap.add_argument("--stragglers", default="both", choices=["both", "none", "only"],
                     help="run each setup without the straggler, with it, or both")
     ap.add_argument("--out", default="benchmarks/results/compare_pss.md")
     ap.add_argument("--workdir", default="", help="default: a new temp dir (kept)")
     # internal: the processes this benchmark starts
-    ap.add_argument("--role", default="driver", choices=["driver", "vanilla_chief", "tf1_worker"])
+    ap.add_argument("--role", default="driver",
+                    choices=["driver", "vanilla_chief", "keras_chief", "tf1_worker"])
     ap.add_argument("--data", default="")
     ap.add_argument("--static_thirds", action="store_true")
     ap.add_argument("--cluster", default="")
@@ -742,6 +813,8 @@ def main():
         return vanilla_chief(args)
     if args.role == "tf1_worker":
         return tf1_worker(args)
+    if args.role == "keras_chief":
+        return keras_chief(args)
 
     from antdt_tf.data import criteo, records
 
