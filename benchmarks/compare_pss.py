@@ -44,7 +44,7 @@ Setups
 
 (s) **diagnosis — TF2 PSS itself**: (a)'s chief with ``--static_thirds``: each worker
     reads only its contiguous third (the same seek as (b)), and closures run (c)'s own
-    loop (16 steps per closure, one ``tf.cond`` around the step, the same DeepFM step and
+    loop (16 steps per closure, the step guarded by the loop's predicate, the same DeepFM step and
     audit) — but no master, no leases, no reports, no checkpoints. (s) vs (b) is what the
     platform (ParameterServerStrategy's remote functions vs TF1 graph sessions) costs;
     (c) vs (s) is what antdt-tf adds on top.
@@ -249,18 +249,25 @@ def _static_thirds_loop(args, tf, strategy, coordinator, model, it, w_records, w
             w_records.scatter_add(tf.IndexedSlices(n, w))
             return n[0]
 
-        def body(i, more, trained):   # the loop of PullTrainer._train_fn, minus reports
+        def fetch():
             batch = iterator.get_next_as_optional()
             raw, ids = tf.cond(batch.has_value(), batch.get_value,
                                lambda: no_records(iterator.element_spec))
-            n = tf.shape(ids, out_type=tf.int64)[0]
-            stepped = tf.cond(n > 0, lambda: strategy.run(replica_fn, args=(raw, ids)),
-                              lambda: tf.constant(0, tf.int64))
-            return i + 1, n > 0, trained + stepped
+            return raw, ids, tf.shape(ids)[0] > 0
 
-        _, _, trained = tf.while_loop(lambda i, more, t: tf.logical_and(i < steps_per_closure, more),
-                                      body, [tf.constant(0), tf.constant(True),
-                                             tf.constant(0, tf.int64)])
+        # the loop of PullTrainer._train_fn, minus reports: the step guarded by the loop's
+        # predicate, the next batch fetched after it (none after the last step)
+        def body(i, more, trained, raw, ids):
+            stepped = strategy.run(replica_fn, args=(raw, ids))
+            raw, ids, more = tf.cond(
+                i + 1 < steps_per_closure, fetch,
+                lambda: (*no_records(iterator.element_spec), tf.constant(False)))
+            return i + 1, more, trained + stepped, raw, ids
+
+        raw, ids, more = fetch()
+        _, _, trained, _, _ = tf.while_loop(lambda i, more, *_: more, body,
+                                            [tf.constant(0), more, tf.constant(0, tf.int64),
+                                             raw, ids])
         if trained > 0:
             w_last.scatter_update(tf.IndexedSlices(tf.reshape(tf.timestamp(), [1]), w))
         return trained

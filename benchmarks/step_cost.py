@@ -59,17 +59,20 @@ def _loop(tf, strategy, model, counters, steps_per_closure: int, counts: bool):
             model.train_step(batch, ids)
             return tf.constant(0, tf.int64)
 
-        def body(i, more):
+        def fetch():
             batch = iterator.get_next_as_optional()
             value = tf.cond(batch.has_value(), batch.get_value,
                             lambda: no_records(iterator.element_spec))
-            n = tf.shape(value["label"])[0]
-            tf.cond(n > 0, lambda: strategy.run(replica_fn, args=(value, worker)),
-                    lambda: tf.constant(0, tf.int64))
-            return i + 1, n > 0
+            return value, tf.shape(value["label"])[0] > 0
 
-        tf.while_loop(lambda i, more: tf.logical_and(i < steps_per_closure, more), body,
-                      [tf.constant(0), tf.constant(True)])
+        def body(i, more, value):   # the step guarded by the loop's predicate
+            strategy.run(replica_fn, args=(value, worker))
+            value, more = tf.cond(i + 1 < steps_per_closure, fetch,
+                                  lambda: (no_records(iterator.element_spec), tf.constant(False)))
+            return i + 1, more, value
+
+        value, more = fetch()
+        tf.while_loop(lambda i, more, value: more, body, [tf.constant(0), more, value])
     return closure
 
 

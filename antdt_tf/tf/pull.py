@@ -427,9 +427,10 @@ class PullTrainer(WorkerCounters):
         worker = tf.reshape(tf.cast(
             tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64), [1])
         sparse = self.record_fn is not None
+        spec = iterator.element_spec
         # the last trained batch whose position the master has not heard yet:
-        # lease (-1: none), shard, epoch, applied (of the lease), due (report it now)
-        nothing = tf.constant([-1, 0, 0, 0, 0], tf.int64)
+        # lease (-1: none), shard, epoch, applied (of the lease)
+        nothing = tf.constant([-1, 0, 0, 0], tf.int64)
 
         def report(last, ident, micros, steps):
             return send_report(self.master, self.dataset, ident[0], ident[1], last[0:1],
@@ -454,47 +455,36 @@ class PullTrainer(WorkerCounters):
                 lease_record_update(self._lease_record, meta["worker"], meta["incarnation"],
                                     tf.reduce_max(meta["lease"]),
                                     tf.reduce_max(meta["applied"]) - n, n)
-            return tf.constant(1, tf.int64)
 
-        # One tf.cond holds every PS op of a step. The function runs partitioned over the
-        # worker and the PS, and each predicate that guards a PS op is one more tensor
-        # the PS has to receive from the worker per step (AutoGraph's break/continue nest
-        # one cond per statement: measured ≈ 10 % more CPU for the same job).
-        # The report of a batch runs at the start of the next iteration, not inside the
-        # step under a control dependency on the step's updates: that dependency is an
-        # edge back from the PS in *every* step, reported or not (measured ≈ 5 % of a
-        # step's CPU). The next step still waits for the report (its predicate reads
-        # the refusal), so a holder is never more than one batch past its last report.
-        def last_step_micros(last, last_start):
-            """The previous step's own time (from after its get_next), 0 if none."""
-            with tf.control_dependencies([last]):   # after the previous step
-                now = tf.timestamp()
-            return tf.where(last_start >= 0, (now - last_start) * 1e6, 0.0)
-
-        def body(i, more, refused, stepped, last, micros, steps, last_start, ident):
-            micros += last_step_micros(last, last_start)
-            due = tf.logical_and(last[0] >= 0, last[4] > 0)
-            rejected = tf.cond(due, lambda: report(last, ident, micros, steps),
-                               lambda: tf.constant(0, tf.int64))
-            refused = tf.where(rejected > 0, last[0], refused)
-            last = tf.where(due, nothing, last)
-            micros = tf.where(due, tf.constant(0.0, tf.float64), micros)
-            steps = tf.where(due, tf.constant(0, tf.int64), steps)
-
+        def fetch(refused):
+            """The next batch, and whether to train it: a batch without records (the end,
+            or a WAIT marker: the master has nothing for this worker now) ends the
+            closure, and so does a batch of a refused lease (not ours any more: another
+            worker trains its records), which is dropped here — the next closure goes on
+            after it."""
             batch = iterator.get_next_as_optional()
-            has = batch.has_value()
-            value = tf.cond(has, batch.get_value, lambda: no_records(iterator.element_spec))
-            # no records: the end, or the master has nothing for this worker now (a WAIT
-            # marker): end the closure
+            value = tf.cond(batch.has_value(), batch.get_value, lambda: no_records(spec))
+            lease = tf.reduce_max(value["antdt"]["lease"])   # batches never span leases
+            return value, tf.logical_and(tf.shape(value["label"])[0] > 0,
+                                         tf.not_equal(lease, refused))
+
+        # The step is guarded by the loop's own predicate, not by a tf.cond: the function
+        # runs partitioned over the worker and the PS, and every predicate that guards PS
+        # ops is one more tensor the PS receives per step (one tf.cond around the step:
+        # ≈ 5 % of the job's time, measured; AutoGraph's break/continue nest one cond per
+        # statement: ≈ 10 % more CPU). So each iteration trains the batch the previous
+        # one fetched, reports it if due, and only then fetches the next: the next step
+        # waits for the report (and the refusal it may bring), so a holder is never more
+        # than one batch past its last report or record.
+        def body(i, train, value, refused, last, micros, steps, ident):
             meta = value["antdt"]
-            n = tf.shape(value["label"])[0]
-            lease = tf.reduce_max(meta["lease"])   # batches never span leases
-            # a refused lease is not ours any more: another worker trains its records
-            train = tf.logical_and(n > 0, tf.not_equal(lease, refused))
-            with tf.control_dependencies([n]):     # after get_next: the step's own time
+            with tf.control_dependencies([train]):   # the batch is here: the step's own time
                 start = tf.timestamp()
-            done = tf.cond(train, lambda: self.strategy.run(replica_fn, args=(value, worker)),
-                           lambda: tf.constant(0, tf.int64))
+            _, effects = run_step(lambda: self.strategy.run(replica_fn, args=(value, worker)))
+            with tf.control_dependencies(effects):   # every update of the step has landed
+                micros += (tf.timestamp() - start) * 1e6
+            steps += 1
+            lease = tf.reduce_max(meta["lease"])
             applied = tf.reduce_max(meta["applied"])
             # due: every batch without sparse reports; with them, a lease the master
             # wants per batch and a lease's last batch
@@ -502,32 +492,35 @@ class PullTrainer(WorkerCounters):
                 tf.equal(tf.reduce_max(meta["sparse"]), 0),
                 tf.equal(applied, tf.reduce_max(meta["length"])))
             this = tf.stack([lease, tf.reduce_max(meta["shard"]),
-                             tf.cast(tf.reduce_max(meta["epoch"]), tf.int64), applied,
-                             tf.cast(due, tf.int64)])
-            with tf.control_dependencies([done]):  # the next iteration after this step
-                last = tf.where(train, this, last)
-                last_start = tf.where(train, start, tf.constant(-1.0, tf.float64))
-            ident = tf.where(train, tf.stack([meta["worker"], meta["incarnation"]]), ident)
-            steps += tf.cast(train, tf.int64)
-            return (i + 1, n > 0, refused, tf.logical_or(stepped, train), last, micros, steps,
-                    last_start, ident)
+                             tf.cast(tf.reduce_max(meta["epoch"]), tf.int64), applied])
+            ident = tf.stack([meta["worker"], meta["incarnation"]])
+            rejected = tf.cond(due, lambda: report(this, ident, micros, steps),
+                               lambda: tf.constant(0, tf.int64))
+            refused = tf.where(rejected > 0, lease, refused)
+            last = tf.where(due, nothing, this)
+            micros = tf.where(due, tf.constant(0.0, tf.float64), micros)
+            steps = tf.where(due, tf.constant(0, tf.int64), steps)
+            with tf.control_dependencies([rejected]):   # the next batch after the report
+                value, train = tf.cond(
+                    i + 1 < self.steps_per_closure, lambda: fetch(refused),
+                    lambda: (no_records(spec), tf.constant(False)))   # (none taken)
+            return i + 1, train, value, refused, last, micros, steps, ident
 
-        _, _, refused, stepped, last, micros, steps, last_start, ident = tf.while_loop(
-            lambda i, more, *_: tf.logical_and(i < self.steps_per_closure, more),
-            body, [tf.constant(0), tf.constant(True),
-                   tf.reshape(tf.gather(self._refused_lease, worker), []), tf.constant(False),
-                   nothing, tf.constant(0.0, tf.float64), tf.constant(0, tf.int64),
-                   tf.constant(-1.0, tf.float64),
-                   tf.constant([-1, -1], tf.int64)])
+        refused = tf.reshape(tf.gather(self._refused_lease, worker), [])
+        value, train = fetch(refused)
+        stepped, _, _, refused, last, micros, steps, ident = tf.while_loop(
+            lambda i, train, *_: train, body,
+            [tf.constant(0), train, value, refused, nothing, tf.constant(0.0, tf.float64),
+             tf.constant(0, tf.int64), tf.constant([-1, -1], tf.int64)])
 
         # the end of the closure: the last batch's report (with sparse reports: where the
         # lease got, one RPC per closure)
         def closure_end():
-            r = report(last, ident, micros + last_step_micros(last, last_start), steps)
+            r = report(last, ident, micros, steps)
             return tf.where(r > 0, last[0], refused)
         refused = tf.cond(last[0] >= 0, closure_end, lambda: refused)
         self._refused_lease.scatter_update(tf.IndexedSlices(tf.reshape(refused, [1]), worker))
-        if stepped:   # when this worker finished a step last (its clock): busy time
+        if stepped > 0:   # when this worker finished a step last (its clock): busy time
             self._worker_last_step.scatter_update(tf.IndexedSlices(
                 tf.reshape(tf.timestamp(), [1]), worker))
         # no return value: fetching remote tensors from several threads crashed TF
