@@ -9,10 +9,10 @@ no bridge process. Each worker's input pipeline (``antdt_tf.tf.pull``) calls:
 ``antdt.open(dataset: string, worker[, sparse]: int64) -> incarnation: int64``
     A new incarnation of task ``worker:<i>`` for a new per-worker iterator (e.g. after
     the worker restarted). It replaces the old incarnation at once: its leases go back
-    to TODO from their reported offsets (sparse ones are held for the trainer to settle). ``sparse`` = 1: this
-    incarnation's trainer records every batch's offset on the PS and settles leases
-    from there (``ApplyLeaseRecord``), so its leases may have sparse reports (below). An
-    incarnation differs from the worker's previous one in parity (the trainer keeps
+    to TODO from their reported offsets (sparse ones are held for the trainer to
+    settle). ``sparse`` = 1: this incarnation's trainer records every batch's offset
+    on the PS and settles leases from there (``ApplyLeaseRecord``), so its leases may
+    have sparse reports (below). An incarnation differs from the worker's previous one in parity (the trainer keeps
     two records per worker slot, by parity, so a new incarnation does not overwrite
     the record of the one that died before it was settled).
 ``antdt.next(dataset, worker, incarnation, request[, wait_ms]: int64) -> (status: int32, lease,
