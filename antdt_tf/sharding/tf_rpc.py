@@ -12,9 +12,10 @@ no bridge process. Each worker's input pipeline (``antdt_tf.tf.pull``) calls:
     to TODO from their reported offsets (sparse ones are held for the trainer to
     settle). ``sparse`` = 1: this incarnation's trainer records every batch's offset
     on the PS and settles leases from there (``ApplyLeaseRecord``), so its leases may
-    have sparse reports (below). An incarnation differs from the worker's previous one in parity (the trainer keeps
-    two records per worker slot, by parity, so a new incarnation does not overwrite
-    the record of the one that died before it was settled).
+    have sparse reports (below). An incarnation differs from the worker's previous
+    one in parity (the trainer keeps two records per worker slot, by parity, so a new
+    incarnation does not overwrite the record of the one that died before it was
+    settled).
 ``antdt.next(dataset, worker, incarnation, request[, wait_ms]: int64) -> (status: int32, lease,
 shard: int64, epoch: int32, file: string, file_start, start, length, batch_size,
 sparse: int64)``
