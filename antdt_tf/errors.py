@@ -66,3 +66,13 @@ class StateDirLocked(AntdtError):
 class TaskAlreadyRunning(AntdtError):
     """StartTask for a task the agent is already running (FAILED_PRECONDITION): stop it
     first, or it would run twice."""
+
+
+class StaleGeneration(AntdtError):
+    """A start or stop names an older generation of a task than the one its host runs
+    (FAILED_PRECONDITION): a newer launch owns the task; the request changed nothing."""
+
+
+class Unschedulable(AntdtError):
+    """No host can take the task under its placement (pinned to an unknown or lost
+    host, or every host excluded)."""

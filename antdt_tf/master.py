@@ -16,8 +16,9 @@ message; ``--discard_corrupt_state`` moves the damaged files into
 memory only.
 
 Network: binds 127.0.0.1 by default. Listening on other interfaces needs an explicit
-``--bind`` (e.g. ``--bind=0.0.0.0``); the service has no authentication, so only do that
-on a trusted cluster network.
+``--bind`` (e.g. ``--bind=198.18.0.1``) and the job's token (``$ANTDT_JOB_TOKEN`` or
+``--token_file``; every call but health checks must carry it, see ``antdt_tf.auth``);
+without a token such a bind is refused unless ``--allow_unauthenticated_network_access``.
 
 Signals: SIGTERM/SIGINT go NOT_SERVING on the health service, drain in-flight calls for
 ``--grace_seconds``, write a final snapshot and exit 0.
@@ -65,6 +66,10 @@ flags.DEFINE_float("settle_seconds", 10.0, "How long a lease with sparse reports
 flags.DEFINE_integer("max_shard_failures", 3, "A shard that failed (FAILED, expired lease or "
                      "holder died) this often in one epoch is set aside as poisoned.")
 flags.DEFINE_float("grace_seconds", 5.0, "Drain time for in-flight calls on SIGTERM.")
+flags.DEFINE_string("token_file", "", "File holding the job's token (default: "
+                    "$ANTDT_JOB_TOKEN). With a token every call must carry it.")
+flags.DEFINE_boolean("allow_unauthenticated_network_access", False, "Serve beyond loopback "
+                     "without a token: anyone who reaches the port controls the job.")
 flags.DEFINE_float("tick_seconds", 0.5, "How often leases are checked for expiry and the "
                    "journal synced.")
 
@@ -112,12 +117,12 @@ def _write_port_file(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
-async def _serve(servicer: ShardingServicer) -> None:
+async def _serve(servicer: ShardingServicer, token: str) -> None:
     from antdt_tf.monitor.service import ClusterMonitorServicer
     from antdt_tf.monitor.view import ClusterView
 
     server = MasterServer(servicer, bind=FLAGS.bind, port=FLAGS.port,
-                          tick_seconds=FLAGS.tick_seconds,
+                          tick_seconds=FLAGS.tick_seconds, token=token,
                           monitor=ClusterMonitorServicer(ClusterView(
                               straggler=_straggler_config())))
     await server.start()
@@ -144,6 +149,14 @@ def main(argv):
     if FLAGS.tick_seconds <= 0 or FLAGS.grace_seconds < 0:
         raise app.UsageError("--tick_seconds must be > 0 and --grace_seconds >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from antdt_tf import auth
+
+    try:
+        token = auth.job_token(FLAGS.token_file)
+        auth.check_exposure(FLAGS.bind, token, FLAGS.allow_unauthenticated_network_access,
+                            "antdt-master")
+    except auth.InsecureBind as e:
+        raise app.UsageError(str(e)) from e
     state = ShardState(_lease_config())
     _straggler_config()   # bad flags fail here, before anything is opened
     store = None
@@ -160,7 +173,7 @@ def main(argv):
                  FLAGS.state_dir, recovered["snapshot"], recovered["replayed"], state.datasets)
     else:
         log.warning("[master] no --state_dir: shard state is in memory only")
-    _run_event_loop(_serve(ShardingServicer(state, store)))
+    _run_event_loop(_serve(ShardingServicer(state, store), token))
     return 0
 
 

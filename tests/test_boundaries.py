@@ -10,7 +10,7 @@ import pytest
 @pytest.mark.parametrize("module", ["antdt_tf.sharding.plan", "antdt_tf.sharding.state",
                                     "antdt_tf.sharding.store", "antdt_tf.data.criteo",
                                     "antdt_tf.data.records", "antdt_tf.monitor.straggler",
-                                    "antdt_tf.controller"])
+                                    "antdt_tf.controller", "antdt_tf.backends.base"])
 def test_pure_cores_import_no_framework(module):
     code = (f"import sys, json, {module}; "
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")

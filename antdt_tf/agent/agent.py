@@ -5,12 +5,19 @@ Usage::
     antdt-agent --host_name=host0 --port=0 --port_file=/tmp/agent0.port \\
         --master=127.0.0.1:7470 --task_log_dir=/tmp/job/host0
 
+On a real host (one agent per host; the master places tasks on the agents that report
+to it — the rendezvous)::
+
+    ANTDT_JOB_TOKEN=... antdt-agent --host_name=$(hostname) --master=10.0.0.5:7470 \\
+        --advertise=10.0.0.7 --bind=10.0.0.7 --port=7471 --task_ports=20000-20999
+
 Serves ``antdt.v1.Agent`` (StartTask / StopTask / ThrottleTask / ListTasks) and the
 gRPC health service, and reports the liveness of its tasks to the master's
 ``antdt.v1.ClusterMonitor`` every ``--report_seconds`` and at once when a task exits.
 Every process change of a job goes through an agent: the launcher (and later the
 controller) asks, the agent acts. Binds 127.0.0.1 unless ``--bind`` says otherwise;
-the service has no authentication, so expose it only on a trusted network.
+beyond loopback it needs the job's token (``$ANTDT_JOB_TOKEN`` or ``--token_file``), which
+every call must then carry (``antdt_tf.auth``); its tasks inherit the token.
 
 SIGTERM/SIGINT stop every task the agent started (SIGTERM, then SIGKILL) and exit.
 If the agent itself dies, its tasks die with it (PR_SET_PDEATHSIG): no orphans.
@@ -44,6 +51,14 @@ flags.DEFINE_string("master", "", "host:port of antdt-master to report liveness 
                     "(empty: no reports).")
 flags.DEFINE_string("task_log_dir", "", "Where task logs go (default: a temp dir).")
 flags.DEFINE_float("report_seconds", 1.0, "Liveness report interval.")
+flags.DEFINE_string("advertise", "", "The address of this host that other hosts reach "
+                    "its tasks at (task endpoints); default: the --bind address.")
+flags.DEFINE_string("task_ports", "20000-29999", "FIRST-LAST: ports this host's tasks may "
+                    "serve on (the master picks one per task).")
+flags.DEFINE_string("token_file", "", "File holding the job's token (default: "
+                    "$ANTDT_JOB_TOKEN). With a token every call must carry it.")
+flags.DEFINE_boolean("allow_unauthenticated_network_access", False, "Serve beyond loopback "
+                     "without a token: anyone who reaches the port runs programs here.")
 flags.DEFINE_string("estimator_python", "", "Interpreter for tf.estimator programs (a TF 2.15 "
                     "venv, e.g. .venv-tf215/bin/python); default: this agent's Python.")
 
@@ -54,8 +69,10 @@ SERVICE_NAME = "antdt.v1.Agent"
 class AgentServicer:
     """antdt.v1.Agent over a TaskSupervisor (sync gRPC: calls may block, e.g. StopTask)."""
 
-    def __init__(self, supervisor: TaskSupervisor):
+    def __init__(self, supervisor: TaskSupervisor, host: str = "", advertise: str = "",
+                 task_ports: tuple[int, int] = (0, 0)):
         self.supervisor = supervisor
+        self.host, self.advertise, self.task_ports = host, advertise, task_ports
 
     def StartTask(self, req):
         return self.supervisor.start(req)
@@ -67,8 +84,10 @@ class AgentServicer:
         return self.supervisor.throttle(req)
 
     def ListTasks(self, req):
-        return cpb.ListTasksResponse(host=FLAGS.host_name if FLAGS.is_parsed() else "",
-                                     tasks=self.supervisor.list())
+        return cpb.ListTasksResponse(host=self.host, tasks=self.supervisor.list(),
+                                     advertise=self.advertise,
+                                     first_task_port=self.task_ports[0],
+                                     last_task_port=self.task_ports[1])
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         from google.protobuf import message_factory
@@ -101,11 +120,12 @@ class AgentServicer:
 class _Reporter:
     """Sends the agent's task list to the master periodically and on every exit."""
 
-    def __init__(self, master: str, host: str, address: str, supervisor_ref, interval: float):
+    def __init__(self, master: str, servicer: AgentServicer, address: str, supervisor_ref,
+                 interval: float):
         from antdt_tf.monitor.client import MonitorClient
 
         self.client = MonitorClient(master)
-        self.host, self.address = host, address
+        self.servicer, self.address = servicer, address
         self.supervisor_ref = supervisor_ref
         self.interval = interval
         self.wake = threading.Event()
@@ -117,9 +137,22 @@ class _Reporter:
             self.wake.wait(self.interval)
             self.wake.clear()
             try:
-                self.client.report_agent(self.host, self.address, self.supervisor_ref().list())
+                s = self.servicer
+                self.client.report_agent(s.host, self.address, self.supervisor_ref().list(),
+                                         advertise=s.advertise, task_ports=s.task_ports)
             except AntdtError as e:   # master down or restarting: report again next time
                 log.debug("liveness report not delivered: %s", e)
+
+
+def parse_port_range(text: str) -> tuple[int, int]:
+    """``FIRST-LAST`` -> (first, last), or a UsageError saying what is wrong."""
+    try:
+        first, last = (int(p) for p in text.split("-"))
+    except ValueError:
+        raise app.UsageError(f"--task_ports={text!r}: expected FIRST-LAST, e.g. 20000-29999")
+    if not 1024 <= first <= last <= 65535:
+        raise app.UsageError(f"--task_ports={text!r}: need 1024 <= FIRST <= LAST <= 65535")
+    return first, last
 
 
 def main(argv):
@@ -129,6 +162,17 @@ def main(argv):
         raise app.UsageError(f"--port must be in [0, 65535], got {FLAGS.port}")
     if FLAGS.report_seconds <= 0:
         raise app.UsageError("--report_seconds must be > 0")
+    task_ports = parse_port_range(FLAGS.task_ports)
+    from antdt_tf import auth
+
+    try:
+        token = auth.job_token(FLAGS.token_file)
+        auth.check_exposure(FLAGS.bind, token, FLAGS.allow_unauthenticated_network_access,
+                            "antdt-agent")
+    except auth.InsecureBind as e:
+        raise app.UsageError(str(e)) from e
+    if token:   # our clients (the report to the master) and our tasks carry it
+        os.environ[auth.TOKEN_ENV] = token
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s agent[{FLAGS.host_name}]: %(message)s")
     import tempfile
@@ -138,8 +182,11 @@ def main(argv):
         raise app.UsageError(f"--estimator_python={FLAGS.estimator_python} is not an executable")
     supervisor = TaskSupervisor(log_dir, on_change=lambda s: reporter and reporter.wake.set(),
                                 estimator_python=FLAGS.estimator_python)
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(8), options=SERVER_OPTIONS)
-    server.add_generic_rpc_handlers((AgentServicer(supervisor).generic_handler(),))
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(8), options=SERVER_OPTIONS,
+                         interceptors=auth.server_interceptors(token))
+    servicer = AgentServicer(supervisor, FLAGS.host_name, FLAGS.advertise or FLAGS.bind,
+                             task_ports)
+    server.add_generic_rpc_handlers((servicer.generic_handler(),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     host = f"[{FLAGS.bind}]" if ":" in FLAGS.bind else FLAGS.bind
@@ -152,7 +199,7 @@ def main(argv):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     address = f"{host}:{port}"
     if FLAGS.master:
-        reporter = _Reporter(FLAGS.master, FLAGS.host_name, address, lambda: supervisor,
+        reporter = _Reporter(FLAGS.master, servicer, address, lambda: supervisor,
                              FLAGS.report_seconds)
         reporter.thread.start()
     # Signals only set a flag that the main thread polls: Event.set() in a handler can

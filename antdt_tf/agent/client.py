@@ -6,7 +6,7 @@ from typing import Optional
 
 import grpc
 
-from antdt_tf import errors
+from antdt_tf import auth, errors
 from antdt_tf.proto import cluster_pb2 as cpb
 from antdt_tf.proto import cluster_pb2_grpc as cpb_grpc
 
@@ -16,31 +16,35 @@ class AgentUnavailable(errors.AntdtError):
 
 
 class AgentClient:
-    def __init__(self, address: str, timeout: float = 30.0):
+    def __init__(self, address: str, timeout: float = 30.0,
+                 channel: Optional[grpc.Channel] = None):
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        self._channel = channel or auth.channel(address)
         self._stub = cpb_grpc.AgentStub(self._channel)
 
-    def _call(self, method: str, request, timeout: Optional[float] = None):
+    def _call(self, method: str, request, timeout: Optional[float] = None,
+              wait_for_ready: bool = True):
         from antdt_tf.sharding.client import _raise_typed
 
         try:
             return getattr(self._stub, method)(request, timeout=timeout or self.timeout,
-                                               wait_for_ready=True)
+                                               wait_for_ready=wait_for_ready)
         except grpc.RpcError as e:
             _raise_typed(e, f"agent {self.address} {method}", AgentUnavailable)
 
-    def start(self, job: str, index: int, program: str, args=(), env=None) -> cpb.TaskStatus:
+    def start(self, job: str, index: int, program: str, args=(), env=None, generation: int = 0,
+              endpoint: str = "", memory_limit_bytes: int = 0) -> cpb.TaskStatus:
         return self._call("StartTask", cpb.StartTaskRequest(
             task=cpb.TaskRef(job=job, index=index), program=program, args=list(args),
-            env=dict(env or {})))
+            env=dict(env or {}), generation=generation, endpoint=endpoint,
+            memory_limit_bytes=memory_limit_bytes))
 
-    def stop(self, job: str, index: int, kill: bool = False,
-             grace_seconds: float = 10.0) -> cpb.TaskStatus:
+    def stop(self, job: str, index: int, kill: bool = False, grace_seconds: float = 10.0,
+             generation: int = 0) -> cpb.TaskStatus:
         return self._call("StopTask", cpb.StopTaskRequest(
-            task=cpb.TaskRef(job=job, index=index), kill=kill, grace_seconds=grace_seconds),
-            timeout=grace_seconds + 30)
+            task=cpb.TaskRef(job=job, index=index), kill=kill, grace_seconds=grace_seconds,
+            generation=generation), timeout=grace_seconds + 30)
 
     def throttle(self, job: str, index: int, slowdown: float,
                  duration_seconds: float = 0.0) -> cpb.TaskStatus:
@@ -48,8 +52,11 @@ class AgentClient:
             task=cpb.TaskRef(job=job, index=index), slowdown=slowdown,
             duration_seconds=duration_seconds))
 
-    def list(self) -> cpb.ListTasksResponse:
-        return self._call("ListTasks", cpb.ListTasksRequest())
+    def list(self, timeout: Optional[float] = None) -> cpb.ListTasksResponse:
+        """The agent's tasks. With ``timeout``, fail fast when the agent is unreachable
+        (a liveness check) instead of waiting for it to come up."""
+        return self._call("ListTasks", cpb.ListTasksRequest(), timeout=timeout,
+                          wait_for_ready=timeout is None)
 
     def close(self) -> None:
         self._channel.close()

@@ -4,6 +4,17 @@ Pure process management (no gRPC, no TensorFlow): start a known program for a ta
 stop or kill it by its process group, throttle it, and describe every task as a
 ``TaskStatus``. Each task runs in its own session (process group), so a kill reaches
 exactly the processes this agent started and nothing else on the host.
+
+Launches are numbered (``generation``) so that a controller that retries, or one that
+restarted and lost track, never runs a task twice and never stops a newer launch:
+
+    start(g) while g runs or after it ran -> that launch's status (idempotent)
+    start(g) while an older one runs      -> TaskAlreadyRunning (stop it first)
+    start(g) / stop(g) when the agent
+             knows a newer generation     -> StaleGeneration (nothing changes)
+
+A task may get a memory limit: when the RSS of its process tree passes it, the agent
+kills the task and reports ``out_of_memory`` (what a container runtime's limit does).
 """
 
 from __future__ import annotations
@@ -21,7 +32,8 @@ from typing import Optional
 import psutil
 
 from antdt_tf.agent.throttle import CpuThrottle
-from antdt_tf.errors import InvalidRequest, TaskAlreadyRunning, UnknownTask
+from antdt_tf.errors import (InvalidRequest, StaleGeneration, TaskAlreadyRunning,
+                             UnknownTask)
 from antdt_tf.procutil import child_env
 from antdt_tf.proto import cluster_pb2 as cpb
 
@@ -34,6 +46,9 @@ PROGRAMS = {
     # TF1 between-graph examples (antdt-launch --api=mts / --api=estimator)
     "antdt-mts-worker": "estimator_examples.train_mts",
     "antdt-estimator-task": "estimator_examples.train_estimator",
+    # a tiny task that serves a TCP port and exits on cue: checks that a host can run
+    # and expose a task (the backend conformance suite)
+    "antdt-probe-task": "antdt_tf.agent.probe_task",
 }
 # Programs that run under another interpreter when the agent is given one: tf.estimator
 # needs TF 2.15 (its own venv); everything else runs on the agent's own Python.
@@ -56,6 +71,10 @@ class _Task:
     rss_bytes: int = 0
     cpu_share: float = 0.0
     sampled: float = 0.0
+    generation: int = 0
+    endpoint: str = ""
+    memory_limit: int = 0
+    out_of_memory: bool = False
 
 
 class TaskSupervisor:
@@ -100,17 +119,26 @@ class TaskSupervisor:
                                  f"{sorted(PROGRAMS)}")
         if any("\0" in a for a in req.args):
             raise InvalidRequest("arguments must not contain NUL bytes")
+        if req.generation < 0 or req.memory_limit_bytes < 0:
+            raise InvalidRequest("generation and memory_limit_bytes must be >= 0")
         with self._lock:
             old = self._tasks.get(key)
+            if old is not None and req.generation < old.generation:
+                raise StaleGeneration(
+                    f"{key[0]}:{key[1]} generation {req.generation} is older than the "
+                    f"generation {old.generation} this agent knows; not started")
+            if old is not None and req.generation == old.generation and req.generation > 0:
+                return self._status(old)    # a retried launch: running, or it ran and ended
             if old is not None and old.proc.poll() is None:
-                raise TaskAlreadyRunning(f"{key[0]}:{key[1]} is running (pid {old.proc.pid}); "
-                                         "stop it before starting it again")
+                raise TaskAlreadyRunning(f"{key[0]}:{key[1]} is running (pid {old.proc.pid}, "
+                                         f"generation {old.generation}); stop it before "
+                                         "starting it again")
             log_path = self.log_dir / f"{key[0]}{key[1]}.log"
             env = dict(os.environ, **dict(req.env))
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             with open(log_path, "ab") as log:
-                log.write(f"\n=== start {time.strftime('%H:%M:%S')} {req.program} "
-                          f"{' '.join(req.args)}\n".encode())
+                log.write(f"\n=== start {time.strftime('%H:%M:%S')} generation "
+                          f"{req.generation} {req.program} {' '.join(req.args)}\n".encode())
                 log.flush()
                 python = (self.estimator_python if req.program in ESTIMATOR_PROGRAMS
                           else sys.executable)
@@ -118,14 +146,20 @@ class TaskSupervisor:
                                         env=child_env(env),
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                         start_new_session=True)
-            task = _Task(key, proc, str(log_path), (old.starts if old else 0) + 1, time.time())
+            task = _Task(key, proc, str(log_path), (old.starts if old else 0) + 1, time.time(),
+                         generation=req.generation, endpoint=req.endpoint,
+                         memory_limit=req.memory_limit_bytes)
             self._tasks[key] = task
             return self._status(task)
 
     def stop(self, req: cpb.StopTaskRequest) -> cpb.TaskStatus:
         with self._lock:
             task = self._get(req.task)
-            task.stopped_on_request = task.proc.poll() is None
+            if req.generation > 0 and req.generation != task.generation:
+                raise StaleGeneration(
+                    f"stop of {task.ref[0]}:{task.ref[1]} generation {req.generation}, but "
+                    f"this agent runs generation {task.generation}; nothing stopped")
+            task.stopped_on_request = task.stopped_on_request or task.proc.poll() is None
         self._end_throttle(task)
         if task.proc.poll() is None:
             if req.kill:
@@ -206,16 +240,21 @@ class TaskSupervisor:
             cpu_seconds=task.cpu_seconds, rss_bytes=task.rss_bytes,
             slowdown=task.throttle.factor if task.throttle else 1.0,
             started_unix=task.started, ended_unix=task.ended, log_path=task.log_path,
-            cpu_share=task.cpu_share)
+            cpu_share=task.cpu_share, generation=task.generation, endpoint=task.endpoint,
+            out_of_memory=task.out_of_memory)
 
     def _sample(self, task: _Task, now: float) -> None:
         try:
             p = psutil.Process(task.proc.pid)
             t = p.cpu_times()
             cpu = t.user + t.system + t.children_user + t.children_system
-            task.rss_bytes = p.memory_info().rss
+            task.rss_bytes = p.memory_info().rss + sum(
+                c.memory_info().rss for c in p.children(recursive=True))
         except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
             return
+        if task.memory_limit and task.rss_bytes > task.memory_limit and not task.out_of_memory:
+            task.out_of_memory = True       # reported once it has exited
+            self._killpg(task, signal.SIGKILL)
         if task.sampled and now > task.sampled:
             task.cpu_share = max(0.0, (cpu - task.cpu_seconds) / (now - task.sampled))
         task.cpu_seconds, task.sampled = cpu, now
@@ -233,7 +272,9 @@ class TaskSupervisor:
                         task.ended = now
                         self._end_throttle(task)
                         changed.append(self._status(task))
-                    elif running and sample:
+                    elif running and (sample or task.memory_limit):
+                        # a limited task every poll: a fast allocation must not
+                        # outrun a once-a-second sample
                         self._sample(task, now)
             if sample:
                 last_sample = now

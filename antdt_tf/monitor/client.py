@@ -7,6 +7,7 @@ from typing import Optional
 
 import grpc
 
+from antdt_tf import auth
 from antdt_tf.proto import cluster_pb2 as cpb
 from antdt_tf.proto import cluster_pb2_grpc as cpb_grpc
 
@@ -19,7 +20,7 @@ class MonitorClient:
         if channel is None and not address:
             raise ValueError("MonitorClient needs an address or a channel")
         self._own_channel = channel is None
-        self._channel = channel or grpc.insecure_channel(address)
+        self._channel = channel or auth.channel(address)
         self._stub = cpb_grpc.ClusterMonitorStub(self._channel)
         self.timeout = timeout
         self._seq = itertools.count(1)
@@ -33,8 +34,11 @@ class MonitorClient:
         except grpc.RpcError as e:
             _raise_typed(e, method)
 
-    def report_agent(self, host: str, agent_address: str, tasks) -> bool:
-        report = cpb.AgentReport(host=host, agent_address=agent_address, seq=next(self._seq))
+    def report_agent(self, host: str, agent_address: str, tasks, advertise: str = "",
+                     task_ports: tuple[int, int] = (0, 0)) -> bool:
+        report = cpb.AgentReport(host=host, agent_address=agent_address, seq=next(self._seq),
+                                 advertise=advertise, first_task_port=task_ports[0],
+                                 last_task_port=task_ports[1])
         report.tasks.extend(tasks)
         return self._call("ReportAgent", report, wait=False).accepted
 

@@ -15,7 +15,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61ntdt/v1/cluster.proto\x12\x08\x61ntdt.v1\"%\n\x07TaskRef\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\"\xd7\x02\n\nTaskStatus\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.antdt.v1.TaskStatus.State\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06starts\x18\x05 \x01(\x05\x12\x13\n\x0b\x63pu_seconds\x18\x06 \x01(\x01\x12\x11\n\trss_bytes\x18\x07 \x01(\x03\x12\x10\n\x08slowdown\x18\x08 \x01(\x01\x12\x14\n\x0cstarted_unix\x18\t \x01(\x01\x12\x12\n\nended_unix\x18\n \x01(\x01\x12\x10\n\x08log_path\x18\x0b \x01(\t\x12\x11\n\tcpu_share\x18\x0c \x01(\x01\"D\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07RUNNING\x10\x01\x12\n\n\x06\x45XITED\x10\x02\x12\x0b\n\x07STOPPED\x10\x03\"\xb0\x01\n\x10StartTaskRequest\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x03(\t\x12\x30\n\x03\x65nv\x18\x04 \x03(\x0b\x32#.antdt.v1.StartTaskRequest.EnvEntry\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\x0fStopTaskRequest\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12\x0c\n\x04kill\x18\x02 \x01(\x08\x12\x15\n\rgrace_seconds\x18\x03 \x01(\x01\"b\n\x13ThrottleTaskRequest\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12\x10\n\x08slowdown\x18\x02 \x01(\x01\x12\x18\n\x10\x64uration_seconds\x18\x03 \x01(\x01\"\x12\n\x10ListTasksRequest\"F\n\x11ListTasksResponse\x12\x0c\n\x04host\x18\x01 \x01(\t\x12#\n\x05tasks\x18\x02 \x03(\x0b\x32\x14.antdt.v1.TaskStatus\"w\n\x0b\x41gentReport\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x11\n\tunix_time\x18\x04 \x01(\x01\x12#\n\x05tasks\x18\x05 \x03(\x0b\x32\x14.antdt.v1.TaskStatus\">\n\x0bWorkerStats\x12\x0e\n\x06worker\x18\x01 \x01(\x05\x12\x0e\n\x06shards\x18\x02 \x01(\x03\x12\x0f\n\x07records\x18\x03 \x01(\x03\"+\n\tPsLatency\x12\n\n\x02ps\x18\x01 \x01(\x05\x12\x12\n\nlatency_ms\x18\x02 \x01(\x01\"\xb6\x01\n\rTrainerReport\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12\x13\n\x0bincarnation\x18\x02 \x01(\x03\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x11\n\tunix_time\x18\x04 \x01(\x01\x12&\n\x07workers\x18\x05 \x03(\x0b\x32\x15.antdt.v1.WorkerStats\x12\'\n\nps_latency\x18\x06 \x03(\x0b\x32\x13.antdt.v1.PsLatency\"\x1d\n\tReportAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"\x16\n\x14\x43lusterStatusRequest\"\xf3\x02\n\nTaskHealth\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12<\n\x0fstraggler_class\x18\x02 \x01(\x0e\x32#.antdt.v1.TaskHealth.StragglerClass\x12\x10\n\x08slowness\x18\x03 \x01(\x01\x12\x14\n\x0cstep_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12records_per_second\x18\x05 \x01(\x01\x12\x12\n\nlatency_ms\x18\x06 \x01(\x01\x12\x17\n\x0fslow_since_unix\x18\x07 \x01(\x01\x12\x0f\n\x07samples\x18\x08 \x01(\x03\x12\x13\n\x0bincarnation\x18\t \x01(\x03\"o\n\x0eStragglerClass\x12\x1f\n\x1bSTRAGGLER_CLASS_UNSPECIFIED\x10\x00\x12\n\n\x06NORMAL\x10\x01\x12\r\n\tTRANSIENT\x10\x02\x12\x0e\n\nPERSISTENT\x10\x03\x12\x11\n\rDETERMINISTIC\x10\x04\"\x99\x01\n\rClusterStatus\x12%\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x15.antdt.v1.AgentReport\x12(\n\x07trainer\x18\x02 \x01(\x0b\x32\x17.antdt.v1.TrainerReport\x12\x11\n\tunix_time\x18\x03 \x01(\x01\x12$\n\x06health\x18\x04 \x03(\x0b\x32\x14.antdt.v1.TaskHealth2\x8e\x02\n\x05\x41gent\x12=\n\tStartTask\x12\x1a.antdt.v1.StartTaskRequest\x1a\x14.antdt.v1.TaskStatus\x12;\n\x08StopTask\x12\x19.antdt.v1.StopTaskRequest\x1a\x14.antdt.v1.TaskStatus\x12\x43\n\x0cThrottleTask\x12\x1d.antdt.v1.ThrottleTaskRequest\x1a\x14.antdt.v1.TaskStatus\x12\x44\n\tListTasks\x12\x1a.antdt.v1.ListTasksRequest\x1a\x1b.antdt.v1.ListTasksResponse2\xd7\x01\n\x0e\x43lusterMonitor\x12\x39\n\x0bReportAgent\x12\x15.antdt.v1.AgentReport\x1a\x13.antdt.v1.ReportAck\x12=\n\rReportTrainer\x12\x17.antdt.v1.TrainerReport\x1a\x13.antdt.v1.ReportAck\x12K\n\x10GetClusterStatus\x12\x1e.antdt.v1.ClusterStatusRequest\x1a\x17.antdt.v1.ClusterStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61ntdt/v1/cluster.proto\x12\x08\x61ntdt.v1\"%\n\x07TaskRef\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\"\x94\x03\n\nTaskStatus\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.antdt.v1.TaskStatus.State\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x0e\n\x06starts\x18\x05 \x01(\x05\x12\x13\n\x0b\x63pu_seconds\x18\x06 \x01(\x01\x12\x11\n\trss_bytes\x18\x07 \x01(\x03\x12\x10\n\x08slowdown\x18\x08 \x01(\x01\x12\x14\n\x0cstarted_unix\x18\t \x01(\x01\x12\x12\n\nended_unix\x18\n \x01(\x01\x12\x10\n\x08log_path\x18\x0b \x01(\t\x12\x11\n\tcpu_share\x18\x0c \x01(\x01\x12\x12\n\ngeneration\x18\r \x01(\x03\x12\x10\n\x08\x65ndpoint\x18\x0e \x01(\t\x12\x15\n\rout_of_memory\x18\x0f \x01(\x08\"D\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07RUNNING\x10\x01\x12\n\n\x06\x45XITED\x10\x02\x12\x0b\n\x07STOPPED\x10\x03\"\xf2\x01\n\x10StartTaskRequest\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x0c\n\x04\x61rgs\x18\x03 \x03(\t\x12\x30\n\x03\x65nv\x18\x04 \x03(\x0b\x32#.antdt.v1.StartTaskRequest.EnvEntry\x12\x12\n\ngeneration\x18\x05 \x01(\x03\x12\x10\n\x08\x65ndpoint\x18\x06 \x01(\t\x12\x1a\n\x12memory_limit_bytes\x18\x07 \x01(\x03\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"k\n\x0fStopTaskRequest\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12\x0c\n\x04kill\x18\x02 \x01(\x08\x12\x15\n\rgrace_seconds\x18\x03 \x01(\x01\x12\x12\n\ngeneration\x18\x04 \x01(\x03\"b\n\x13ThrottleTaskRequest\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12\x10\n\x08slowdown\x18\x02 \x01(\x01\x12\x18\n\x10\x64uration_seconds\x18\x03 \x01(\x01\"\x12\n\x10ListTasksRequest\"\x8a\x01\n\x11ListTasksResponse\x12\x0c\n\x04host\x18\x01 \x01(\t\x12#\n\x05tasks\x18\x02 \x03(\x0b\x32\x14.antdt.v1.TaskStatus\x12\x11\n\tadvertise\x18\x03 \x01(\t\x12\x17\n\x0f\x66irst_task_port\x18\x04 \x01(\x05\x12\x16\n\x0elast_task_port\x18\x05 \x01(\x05\"\xbb\x01\n\x0b\x41gentReport\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x11\n\tunix_time\x18\x04 \x01(\x01\x12#\n\x05tasks\x18\x05 \x03(\x0b\x32\x14.antdt.v1.TaskStatus\x12\x11\n\tadvertise\x18\x06 \x01(\t\x12\x17\n\x0f\x66irst_task_port\x18\x07 \x01(\x05\x12\x16\n\x0elast_task_port\x18\x08 \x01(\x05\">\n\x0bWorkerStats\x12\x0e\n\x06worker\x18\x01 \x01(\x05\x12\x0e\n\x06shards\x18\x02 \x01(\x03\x12\x0f\n\x07records\x18\x03 \x01(\x03\"+\n\tPsLatency\x12\n\n\x02ps\x18\x01 \x01(\x05\x12\x12\n\nlatency_ms\x18\x02 \x01(\x01\"\xb6\x01\n\rTrainerReport\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12\x13\n\x0bincarnation\x18\x02 \x01(\x03\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x11\n\tunix_time\x18\x04 \x01(\x01\x12&\n\x07workers\x18\x05 \x03(\x0b\x32\x15.antdt.v1.WorkerStats\x12\'\n\nps_latency\x18\x06 \x03(\x0b\x32\x13.antdt.v1.PsLatency\"\x1d\n\tReportAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\"\x16\n\x14\x43lusterStatusRequest\"\xf3\x02\n\nTaskHealth\x12\x1f\n\x04task\x18\x01 \x01(\x0b\x32\x11.antdt.v1.TaskRef\x12<\n\x0fstraggler_class\x18\x02 \x01(\x0e\x32#.antdt.v1.TaskHealth.StragglerClass\x12\x10\n\x08slowness\x18\x03 \x01(\x01\x12\x14\n\x0cstep_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12records_per_second\x18\x05 \x01(\x01\x12\x12\n\nlatency_ms\x18\x06 \x01(\x01\x12\x17\n\x0fslow_since_unix\x18\x07 \x01(\x01\x12\x0f\n\x07samples\x18\x08 \x01(\x03\x12\x13\n\x0bincarnation\x18\t \x01(\x03\"o\n\x0eStragglerClass\x12\x1f\n\x1bSTRAGGLER_CLASS_UNSPECIFIED\x10\x00\x12\n\n\x06NORMAL\x10\x01\x12\r\n\tTRANSIENT\x10\x02\x12\x0e\n\nPERSISTENT\x10\x03\x12\x11\n\rDETERMINISTIC\x10\x04\"\x99\x01\n\rClusterStatus\x12%\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x15.antdt.v1.AgentReport\x12(\n\x07trainer\x18\x02 \x01(\x0b\x32\x17.antdt.v1.TrainerReport\x12\x11\n\tunix_time\x18\x03 \x01(\x01\x12$\n\x06health\x18\x04 \x03(\x0b\x32\x14.antdt.v1.TaskHealth2\x8e\x02\n\x05\x41gent\x12=\n\tStartTask\x12\x1a.antdt.v1.StartTaskRequest\x1a\x14.antdt.v1.TaskStatus\x12;\n\x08StopTask\x12\x19.antdt.v1.StopTaskRequest\x1a\x14.antdt.v1.TaskStatus\x12\x43\n\x0cThrottleTask\x12\x1d.antdt.v1.ThrottleTaskRequest\x1a\x14.antdt.v1.TaskStatus\x12\x44\n\tListTasks\x12\x1a.antdt.v1.ListTasksRequest\x1a\x1b.antdt.v1.ListTasksResponse2\xd7\x01\n\x0e\x43lusterMonitor\x12\x39\n\x0bReportAgent\x12\x15.antdt.v1.AgentReport\x1a\x13.antdt.v1.ReportAck\x12=\n\rReportTrainer\x12\x17.antdt.v1.TrainerReport\x1a\x13.antdt.v1.ReportAck\x12K\n\x10GetClusterStatus\x12\x1e.antdt.v1.ClusterStatusRequest\x1a\x17.antdt.v1.ClusterStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -27,41 +27,41 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_TASKREF']._serialized_start=36
   _globals['_TASKREF']._serialized_end=73
   _globals['_TASKSTATUS']._serialized_start=76
-  _globals['_TASKSTATUS']._serialized_end=419
-  _globals['_TASKSTATUS_STATE']._serialized_start=351
-  _globals['_TASKSTATUS_STATE']._serialized_end=419
-  _globals['_STARTTASKREQUEST']._serialized_start=422
-  _globals['_STARTTASKREQUEST']._serialized_end=598
-  _globals['_STARTTASKREQUEST_ENVENTRY']._serialized_start=556
-  _globals['_STARTTASKREQUEST_ENVENTRY']._serialized_end=598
-  _globals['_STOPTASKREQUEST']._serialized_start=600
-  _globals['_STOPTASKREQUEST']._serialized_end=687
-  _globals['_THROTTLETASKREQUEST']._serialized_start=689
-  _globals['_THROTTLETASKREQUEST']._serialized_end=787
-  _globals['_LISTTASKSREQUEST']._serialized_start=789
-  _globals['_LISTTASKSREQUEST']._serialized_end=807
-  _globals['_LISTTASKSRESPONSE']._serialized_start=809
-  _globals['_LISTTASKSRESPONSE']._serialized_end=879
-  _globals['_AGENTREPORT']._serialized_start=881
-  _globals['_AGENTREPORT']._serialized_end=1000
-  _globals['_WORKERSTATS']._serialized_start=1002
-  _globals['_WORKERSTATS']._serialized_end=1064
-  _globals['_PSLATENCY']._serialized_start=1066
-  _globals['_PSLATENCY']._serialized_end=1109
-  _globals['_TRAINERREPORT']._serialized_start=1112
-  _globals['_TRAINERREPORT']._serialized_end=1294
-  _globals['_REPORTACK']._serialized_start=1296
-  _globals['_REPORTACK']._serialized_end=1325
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1327
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1349
-  _globals['_TASKHEALTH']._serialized_start=1352
-  _globals['_TASKHEALTH']._serialized_end=1723
-  _globals['_TASKHEALTH_STRAGGLERCLASS']._serialized_start=1612
-  _globals['_TASKHEALTH_STRAGGLERCLASS']._serialized_end=1723
-  _globals['_CLUSTERSTATUS']._serialized_start=1726
-  _globals['_CLUSTERSTATUS']._serialized_end=1879
-  _globals['_AGENT']._serialized_start=1882
-  _globals['_AGENT']._serialized_end=2152
-  _globals['_CLUSTERMONITOR']._serialized_start=2155
-  _globals['_CLUSTERMONITOR']._serialized_end=2370
+  _globals['_TASKSTATUS']._serialized_end=480
+  _globals['_TASKSTATUS_STATE']._serialized_start=412
+  _globals['_TASKSTATUS_STATE']._serialized_end=480
+  _globals['_STARTTASKREQUEST']._serialized_start=483
+  _globals['_STARTTASKREQUEST']._serialized_end=725
+  _globals['_STARTTASKREQUEST_ENVENTRY']._serialized_start=683
+  _globals['_STARTTASKREQUEST_ENVENTRY']._serialized_end=725
+  _globals['_STOPTASKREQUEST']._serialized_start=727
+  _globals['_STOPTASKREQUEST']._serialized_end=834
+  _globals['_THROTTLETASKREQUEST']._serialized_start=836
+  _globals['_THROTTLETASKREQUEST']._serialized_end=934
+  _globals['_LISTTASKSREQUEST']._serialized_start=936
+  _globals['_LISTTASKSREQUEST']._serialized_end=954
+  _globals['_LISTTASKSRESPONSE']._serialized_start=957
+  _globals['_LISTTASKSRESPONSE']._serialized_end=1095
+  _globals['_AGENTREPORT']._serialized_start=1098
+  _globals['_AGENTREPORT']._serialized_end=1285
+  _globals['_WORKERSTATS']._serialized_start=1287
+  _globals['_WORKERSTATS']._serialized_end=1349
+  _globals['_PSLATENCY']._serialized_start=1351
+  _globals['_PSLATENCY']._serialized_end=1394
+  _globals['_TRAINERREPORT']._serialized_start=1397
+  _globals['_TRAINERREPORT']._serialized_end=1579
+  _globals['_REPORTACK']._serialized_start=1581
+  _globals['_REPORTACK']._serialized_end=1610
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1612
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1634
+  _globals['_TASKHEALTH']._serialized_start=1637
+  _globals['_TASKHEALTH']._serialized_end=2008
+  _globals['_TASKHEALTH_STRAGGLERCLASS']._serialized_start=1897
+  _globals['_TASKHEALTH_STRAGGLERCLASS']._serialized_end=2008
+  _globals['_CLUSTERSTATUS']._serialized_start=2011
+  _globals['_CLUSTERSTATUS']._serialized_end=2164
+  _globals['_AGENT']._serialized_start=2167
+  _globals['_AGENT']._serialized_end=2437
+  _globals['_CLUSTERMONITOR']._serialized_start=2440
+  _globals['_CLUSTERMONITOR']._serialized_end=2655
 # @@protoc_insertion_point(module_scope)

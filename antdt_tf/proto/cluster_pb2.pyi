@@ -16,7 +16,7 @@ class TaskRef(_message.Message):
     def __init__(self, job: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class TaskStatus(_message.Message):
-    __slots__ = ("task", "state", "pid", "exit_code", "starts", "cpu_seconds", "rss_bytes", "slowdown", "started_unix", "ended_unix", "log_path", "cpu_share")
+    __slots__ = ("task", "state", "pid", "exit_code", "starts", "cpu_seconds", "rss_bytes", "slowdown", "started_unix", "ended_unix", "log_path", "cpu_share", "generation", "endpoint", "out_of_memory")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[TaskStatus.State]
@@ -39,6 +39,9 @@ class TaskStatus(_message.Message):
     ENDED_UNIX_FIELD_NUMBER: _ClassVar[int]
     LOG_PATH_FIELD_NUMBER: _ClassVar[int]
     CPU_SHARE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    OUT_OF_MEMORY_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     state: TaskStatus.State
     pid: int
@@ -51,10 +54,13 @@ class TaskStatus(_message.Message):
     ended_unix: float
     log_path: str
     cpu_share: float
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., state: _Optional[_Union[TaskStatus.State, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., starts: _Optional[int] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., slowdown: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., log_path: _Optional[str] = ..., cpu_share: _Optional[float] = ...) -> None: ...
+    generation: int
+    endpoint: str
+    out_of_memory: bool
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., state: _Optional[_Union[TaskStatus.State, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., starts: _Optional[int] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., slowdown: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., log_path: _Optional[str] = ..., cpu_share: _Optional[float] = ..., generation: _Optional[int] = ..., endpoint: _Optional[str] = ..., out_of_memory: bool = ...) -> None: ...
 
 class StartTaskRequest(_message.Message):
-    __slots__ = ("task", "program", "args", "env")
+    __slots__ = ("task", "program", "args", "env", "generation", "endpoint", "memory_limit_bytes")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -66,21 +72,29 @@ class StartTaskRequest(_message.Message):
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     ARGS_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     program: str
     args: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., program: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    generation: int
+    endpoint: str
+    memory_limit_bytes: int
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., program: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., generation: _Optional[int] = ..., endpoint: _Optional[str] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class StopTaskRequest(_message.Message):
-    __slots__ = ("task", "kill", "grace_seconds")
+    __slots__ = ("task", "kill", "grace_seconds", "generation")
     TASK_FIELD_NUMBER: _ClassVar[int]
     KILL_FIELD_NUMBER: _ClassVar[int]
     GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
     kill: bool
     grace_seconds: float
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., kill: bool = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+    generation: int
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., kill: bool = ..., grace_seconds: _Optional[float] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ThrottleTaskRequest(_message.Message):
     __slots__ = ("task", "slowdown", "duration_seconds")
@@ -97,26 +111,38 @@ class ListTasksRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListTasksResponse(_message.Message):
-    __slots__ = ("host", "tasks")
+    __slots__ = ("host", "tasks", "advertise", "first_task_port", "last_task_port")
     HOST_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TASK_PORT_FIELD_NUMBER: _ClassVar[int]
+    LAST_TASK_PORT_FIELD_NUMBER: _ClassVar[int]
     host: str
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
-    def __init__(self, host: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ...) -> None: ...
+    advertise: str
+    first_task_port: int
+    last_task_port: int
+    def __init__(self, host: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., advertise: _Optional[str] = ..., first_task_port: _Optional[int] = ..., last_task_port: _Optional[int] = ...) -> None: ...
 
 class AgentReport(_message.Message):
-    __slots__ = ("host", "agent_address", "seq", "unix_time", "tasks")
+    __slots__ = ("host", "agent_address", "seq", "unix_time", "tasks", "advertise", "first_task_port", "last_task_port")
     HOST_FIELD_NUMBER: _ClassVar[int]
     AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     UNIX_TIME_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TASK_PORT_FIELD_NUMBER: _ClassVar[int]
+    LAST_TASK_PORT_FIELD_NUMBER: _ClassVar[int]
     host: str
     agent_address: str
     seq: int
     unix_time: float
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
-    def __init__(self, host: _Optional[str] = ..., agent_address: _Optional[str] = ..., seq: _Optional[int] = ..., unix_time: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ...) -> None: ...
+    advertise: str
+    first_task_port: int
+    last_task_port: int
+    def __init__(self, host: _Optional[str] = ..., agent_address: _Optional[str] = ..., seq: _Optional[int] = ..., unix_time: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., advertise: _Optional[str] = ..., first_task_port: _Optional[int] = ..., last_task_port: _Optional[int] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
     __slots__ = ("worker", "shards", "records")

@@ -22,7 +22,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import grpc
 
-from antdt_tf import errors
+from antdt_tf import auth, errors
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.proto import sharding_pb2_grpc as pb_grpc
 from antdt_tf.sharding.plan import DatasetSpec
@@ -85,7 +85,7 @@ class ShardingClient:
         self.address = address
         self.task = task
         self.timeout = timeout
-        self._channel = channel or grpc.insecure_channel(
+        self._channel = channel or auth.channel(
             address, options=[("grpc.service_config", _SERVICE_CONFIG),
                               ("grpc.enable_retries", 1)])
         self._stub = pb_grpc.ShardingServiceStub(self._channel)

@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, DatasetConflict,
-                             IncompatibleState, InvalidRequest, LeaseNotHeld,
+                             IncompatibleState, InvalidRequest, LeaseNotHeld, StaleGeneration,
                              StaleIncarnation, TaskAlreadyRunning, UnknownDataset, UnknownTask)
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.state import ShardState, spec_from_proto
@@ -40,6 +40,7 @@ ERROR_CODES: dict[type, grpc.StatusCode] = {
     LeaseNotHeld: grpc.StatusCode.FAILED_PRECONDITION,
     IncompatibleState: grpc.StatusCode.FAILED_PRECONDITION,
     TaskAlreadyRunning: grpc.StatusCode.FAILED_PRECONDITION,
+    StaleGeneration: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -242,7 +243,7 @@ class MasterServer:
     """The master's gRPC server: sharding service, cluster monitor, health service."""
 
     def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
-                 tick_seconds: float = 0.5, monitor=None):
+                 tick_seconds: float = 0.5, monitor=None, token: str = ""):
         from antdt_tf.monitor.service import ClusterMonitorServicer
         from antdt_tf.monitor.view import ClusterView
 
@@ -254,6 +255,7 @@ class MasterServer:
         self.bind = bind
         self.requested_port = port
         self.tick_seconds = tick_seconds
+        self.token = token      # the job's token: every call but health checks needs it
         self.port: Optional[int] = None
         self._server: Optional[grpc.aio.Server] = None
         self._health = health.aio.HealthServicer()
@@ -265,7 +267,10 @@ class MasterServer:
         return f"{host}:{self.port}"
 
     async def start(self) -> int:
-        self._server = grpc.aio.server(options=SERVER_OPTIONS)
+        from antdt_tf.auth import server_interceptors
+
+        self._server = grpc.aio.server(options=SERVER_OPTIONS,
+                                       interceptors=server_interceptors(self.token, aio=True))
         self._server.add_generic_rpc_handlers((generic_handler(self.servicer),
                                                self.monitor.generic_handler(),
                                                self.tf_rpc.generic_handler()))
@@ -311,12 +316,12 @@ class BackgroundMaster:
     """
 
     def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
-                 tick_seconds: float = 0.5, monitor=None):
+                 tick_seconds: float = 0.5, monitor=None, token: str = ""):
         import threading
 
         self._loop = asyncio.new_event_loop()
         self.server = MasterServer(servicer, bind=bind, port=port, tick_seconds=tick_seconds,
-                                   monitor=monitor)
+                                   monitor=monitor, token=token)
         self._thread = threading.Thread(target=self._loop.run_forever, name="antdt-master",
                                         daemon=True)
 

@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 import grpc
 
-from antdt_tf import errors
+from antdt_tf import auth, errors
 from antdt_tf.proto import tf_rpc_pb2 as tpb
 from antdt_tf.sharding.client import MasterUnavailable, _raise_typed
 
@@ -76,7 +76,7 @@ class TfRpcClient:
             raise ValueError(f"worker index must be >= 0, got {worker}")
         self.address, self.dataset, self.worker = address, dataset, worker
         self.timeout, self.unavailable_seconds = timeout, unavailable_seconds
-        self._channel = grpc.insecure_channel(address)
+        self._channel = auth.channel(address)
         self._call_rpc = self._channel.unary_unary(
             _CALL, request_serializer=tpb.TfCallRequest.SerializeToString,
             response_deserializer=tpb.TfCallResponse.FromString)

@@ -1,0 +1,109 @@
+"""The job token: calls without it, or with another, are refused UNAUTHENTICATED and
+change nothing; health checks stay open; a server refuses to listen beyond loopback
+without a token. Real gRPC servers (an in-process master, an agent process)."""
+
+import pathlib
+import subprocess
+import sys
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from antdt_tf import auth
+from antdt_tf.agent.client import AgentClient
+from antdt_tf.errors import AntdtError
+from antdt_tf.sharding.client import ShardingClient
+from antdt_tf.sharding.plan import DataFile, DatasetSpec
+from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+from antdt_tf.sharding.state import ShardState
+
+TOKEN = "s3cret-job-token"
+SPEC = DatasetSpec("train", records_per_shard=10, files=(DataFile("/data/a", 100),))
+
+
+@pytest.fixture
+def master():
+    with BackgroundMaster(ShardingServicer(ShardState()), token=TOKEN) as m:
+        yield m
+
+
+def _code(call) -> grpc.StatusCode:
+    with pytest.raises(AntdtError) as e:
+        call()
+    return e.value.__cause__.code()
+
+
+def test_master_refuses_calls_without_the_token_and_changes_nothing(master):
+    for token in ("", "wrong-token"):
+        with ShardingClient(master.address, channel=auth.channel(master.address,
+                                                                 token=token)) as c:
+            assert _code(lambda: c.register_dataset(SPEC)) == grpc.StatusCode.UNAUTHENTICATED
+            assert _code(lambda: c.progress("")) == grpc.StatusCode.UNAUTHENTICATED
+    with ShardingClient(master.address, channel=auth.channel(master.address,
+                                                             token=TOKEN)) as c:
+        assert not c.progress("").datasets        # the refused register changed nothing
+        c.register_dataset(SPEC)
+        assert [d.name for d in c.progress("").datasets] == ["train"]
+    with grpc.insecure_channel(master.address) as ch:   # health stays open
+        answer = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                      timeout=10)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_the_token_comes_from_the_environment(master, monkeypatch):
+    monkeypatch.setenv(auth.TOKEN_ENV, TOKEN)
+    with ShardingClient(master.address) as c:
+        c.register_dataset(SPEC)
+    monkeypatch.setenv(auth.TOKEN_ENV, "other")
+    with ShardingClient(master.address) as c:
+        assert _code(lambda: c.progress("")) == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_agent_refuses_a_start_without_the_token(tmp_path):
+    port_file = tmp_path / "port"
+    env = dict(__import__("os").environ, ANTDT_JOB_TOKEN=TOKEN)
+    proc = subprocess.Popen([sys.executable, "-m", "antdt_tf.agent.agent", "--port=0",
+                             f"--port_file={port_file}", f"--task_log_dir={tmp_path}"],
+                            env=env, start_new_session=True)
+    try:
+        import time
+
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        address = f"127.0.0.1:{port_file.read_text().strip()}"
+        intruder = AgentClient(address, 10, auth.channel(address, token=""))
+        code = _code(lambda: intruder.start("worker", 0, "antdt-probe-task",
+                                            ["--exit_after_seconds=0"]))
+        assert code == grpc.StatusCode.UNAUTHENTICATED
+        owner = AgentClient(address, 10, auth.channel(address, token=TOKEN))
+        assert list(owner.list().tasks) == []      # nothing was started
+        intruder.close()
+        owner.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.parametrize("module", ["antdt_tf.master", "antdt_tf.agent.agent"])
+def test_listening_beyond_loopback_needs_a_token(module, tmp_path):
+    env = {k: v for k, v in __import__("os").environ.items() if k != auth.TOKEN_ENV}
+    out = subprocess.run([sys.executable, "-m", module, "--bind=0.0.0.0", "--port=0"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode != 0
+    assert "without authentication" in out.stderr and auth.TOKEN_ENV in out.stderr
+    empty = tmp_path / "token"
+    empty.write_text("\n")
+    out = subprocess.run([sys.executable, "-m", module, "--bind=0.0.0.0", "--port=0",
+                          f"--token_file={empty}"], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode != 0 and "is empty" in out.stderr
+
+
+def test_loopback_detection():
+    assert auth.is_loopback("127.0.0.1") and auth.is_loopback("[::1]")
+    assert auth.is_loopback("localhost") and auth.is_loopback("127.3.2.1")
+    assert not auth.is_loopback("0.0.0.0") and not auth.is_loopback("198.18.0.1")
+    assert not auth.is_loopback("example.org")

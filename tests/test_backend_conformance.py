@@ -1,0 +1,285 @@
+"""The ClusterBackend conformance suite: what every backend must do, run against each.
+
+- ``local``: simulated hosts, one real ``antdt-agent`` each on loopback;
+- ``agents``: real hosts — three network namespaces with their own addresses in
+  198.18.0.0/24 — each with an ``antdt-agent`` that registers with a real master
+  (rendezvous), every call authenticated with the job's token.
+
+Tasks are ``antdt-probe-task`` processes (real processes that serve a TCP port and exit
+or allocate memory on cue), so the suite runs in seconds. The Ray and Kubernetes
+backends must pass the same tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import socket
+import sys
+import time
+from typing import Callable
+
+import pytest
+
+from antdt_tf.backends import (ClusterBackend, FailureKind, Placement, TaskName, TaskSpec,
+                               TaskState)
+from antdt_tf.errors import StaleGeneration, TaskAlreadyRunning, Unschedulable
+
+pytestmark = pytest.mark.slow
+HOST_TIMEOUT = 3.0
+
+
+@dataclasses.dataclass
+class Env:
+    backend: ClusterBackend
+    hosts: list[str]
+    lose: Callable[[str], None]         # every process of that host dies at once
+    new_backend: Callable[[], ClusterBackend]   # another backend over the same hosts
+
+
+def _local_env(tmp_path):
+    from antdt_tf.backends.agents import AgentsBackend, StaticHosts
+    from antdt_tf.backends.local import LocalBackend
+
+    backend = LocalBackend(3, tmp_path, host_timeout=HOST_TIMEOUT)
+    addresses = list(backend.directory.addresses)
+    others = []
+
+    def new_backend():
+        b = AgentsBackend(StaticHosts(addresses), host_timeout=HOST_TIMEOUT)
+        others.append(b)
+        return b
+    try:
+        yield Env(backend, ["host0", "host1", "host2"], backend.lose_host, new_backend)
+    finally:
+        for b in others:
+            b.close()
+        backend.shutdown()
+
+
+def _agents_env(tmp_path, monkeypatch):
+    import netns
+
+    ok, why = netns.available()
+    if not ok:
+        pytest.skip(why)
+    from antdt_tf.backends.agents import AgentsBackend, MasterRendezvous
+    from antdt_tf.procutil import child_env
+
+    token = secrets.token_hex(16)
+    monkeypatch.setenv("ANTDT_JOB_TOKEN", token)     # our clients and every process
+    with netns.NetnsHosts(3) as net:
+        port_file = tmp_path / "master.port"
+        log = open(tmp_path / "master.log", "wb")
+        import subprocess
+
+        master = subprocess.Popen(
+            [sys.executable, "-m", "antdt_tf.master", f"--bind={netns.BRIDGE_ADDRESS}",
+             "--port=0", f"--port_file={port_file}"], stdout=log, stderr=log,
+            start_new_session=True, env=child_env())
+        net.procs.append(master)
+        _wait(port_file.exists, 60, "the master")
+        master_address = f"{netns.BRIDGE_ADDRESS}:{port_file.read_text().strip()}"
+        for i, address in enumerate(net.addresses):
+            (tmp_path / f"h{i}").mkdir()
+            net.popen(i, [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=h{i}",
+                          f"--bind={address}", f"--advertise={address}", "--port=7471",
+                          f"--master={master_address}", "--report_seconds=0.5",
+                          "--task_ports=21000-21999", f"--task_log_dir={tmp_path / f'h{i}'}"],
+                      stdout=log, stderr=log, env=child_env())
+        backends = []
+
+        def new_backend():
+            b = AgentsBackend(MasterRendezvous(master_address), host_timeout=HOST_TIMEOUT)
+            backends.append(b)
+            return b
+        backend = new_backend()
+        _wait(lambda: len(backend.hosts()) == 3, 60, "three agents to register")
+        try:
+            yield Env(backend, ["h0", "h1", "h2"], lambda h: net.kill_host(int(h[1:])),
+                      new_backend)
+        finally:
+            for b in backends:
+                b.close()
+            log.close()
+
+
+@pytest.fixture(params=["local", "agents"])
+def env(request, tmp_path, monkeypatch):
+    if request.param == "local":
+        yield from _local_env(tmp_path)
+    else:
+        yield from _agents_env(tmp_path, monkeypatch)
+
+
+def _wait(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def probe(backend: ClusterBackend, name: TaskName, host: str, *flags: str,
+          memory_limit_bytes: int = 0) -> TaskSpec:
+    endpoint = backend.endpoint(name.job, name.index, host)
+    return TaskSpec(name, "antdt-probe-task",
+                    (f"--endpoint={endpoint}", f"--name={name.job}:{name.index}", *flags),
+                    endpoint=endpoint, memory_limit_bytes=memory_limit_bytes)
+
+
+def state_of(backend, name: TaskName):
+    info = backend.tasks().get(name.key)
+    return info if info is not None and info.name == name else None
+
+
+def wait_state(backend, name: TaskName, state: TaskState, timeout: float = 30):
+    _wait(lambda: (i := state_of(backend, name)) is not None and i.state is state, timeout,
+          f"{name} to be {state.value} (now {state_of(backend, name)})")
+    return state_of(backend, name)
+
+
+def reach(endpoint: str) -> str:
+    host, port = endpoint.rsplit(":", 1)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2) as c:
+                return c.recv(64).decode().strip()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_a_launch_serves_at_its_endpoint_and_a_retried_launch_runs_nothing_twice(env):
+    b = env.backend
+    assert sorted(h.name for h in b.hosts()) == env.hosts
+    host = b.place()
+    name = TaskName("worker", 0, 1)
+    spec = probe(b, name, host)
+    first = b.launch(spec, host)
+    assert first.running and first.host == host and first.endpoint == spec.endpoint
+    assert reach(spec.endpoint) == "probe worker:0"        # reachable from another host
+    again = b.launch(spec, host)                             # a retried launch
+    assert again.pid == first.pid and again.running
+    info = b.tasks()[name.key]
+    assert (info.name, info.host, info.pid, info.state) == (name, host, first.pid,
+                                                           TaskState.RUNNING)
+
+
+def test_task_ends_map_to_one_failure_vocabulary(env):
+    b = env.backend
+    h = env.hosts
+    done = TaskName("worker", 0)
+    crash = TaskName("worker", 1)
+    killed = TaskName("ps", 0)
+    stopped = TaskName("ps", 1)
+    oom = TaskName("chief", 0)
+    b.launch(probe(b, done, h[0], "--exit_after_seconds=0"), h[0])
+    b.launch(probe(b, crash, h[1], "--exit_after_seconds=0", "--exit_code=3"), h[1])
+    victim = b.launch(probe(b, killed, h[2]), h[2])
+    b.launch(probe(b, stopped, h[0]), h[0])
+    b.launch(probe(b, oom, h[1], "--allocate_mb=400", memory_limit_bytes=150 << 20), h[1])
+
+    assert wait_state(b, done, TaskState.SUCCEEDED).failure is None
+    f = wait_state(b, crash, TaskState.FAILED).failure
+    assert (f.kind, f.exit_code) == (FailureKind.EXITED, 3) and "code 3" in str(f)
+    import os
+    import signal
+
+    wait_state(b, killed, TaskState.RUNNING)
+    os.kill(victim.pid, signal.SIGKILL)       # a process the test's agent started
+    f = wait_state(b, killed, TaskState.FAILED).failure
+    assert (f.kind, f.exit_code) == (FailureKind.KILLED, -9)
+    wait_state(b, stopped, TaskState.RUNNING)
+    assert b.stop(stopped, grace_seconds=5).state is TaskState.STOPPED   # not a failure
+    f = wait_state(b, oom, TaskState.FAILED).failure
+    assert f.kind is FailureKind.OUT_OF_MEMORY
+
+
+def test_relaunch_away_from_a_host_with_generation_fencing(env):
+    b = env.backend
+    g1 = TaskName("worker", 2, 1)
+    first_host = env.hosts[0]
+    b.launch(probe(b, g1, first_host), first_host)
+    g2 = TaskName("worker", 2, 2)
+    with pytest.raises(TaskAlreadyRunning):        # the old launch still runs
+        b.launch(probe(b, g2, env.hosts[1]), env.hosts[1])
+    b.stop(g1, kill=True)
+    other = b.place(Placement(avoid=frozenset({first_host})))
+    assert other != first_host
+    spec = probe(b, g2, other)
+    moved = b.launch(spec, other)
+    assert moved.host == other and moved.name == g2
+    assert reach(spec.endpoint) == "probe worker:2"
+    if b.capabilities.stable_endpoints:
+        assert spec.endpoint == b.endpoint("worker", 2, first_host)
+    else:
+        assert spec.endpoint.rsplit(":", 1)[0] != b.endpoint(
+            "worker", 2, first_host).rsplit(":", 1)[0]          # another host's address
+    # fencing: the older generation can neither be launched again nor stop the new one
+    with pytest.raises(StaleGeneration):
+        b.launch(probe(b, g1, first_host), first_host)
+    with pytest.raises(StaleGeneration):
+        b.stop(g1, kill=True)
+    assert b.tasks()[g2.key].running and b.tasks()[g2.key].name == g2
+    pinned = b.place(Placement(pin_to=env.hosts[2]))
+    assert pinned == env.hosts[2]
+    with pytest.raises(Unschedulable):
+        b.place(Placement(pin_to="no-such-host"))
+
+
+def test_host_loss_fails_its_tasks_as_host_lost_and_hosts_shrink(env):
+    b = env.backend
+    lost, kept = env.hosts[1], env.hosts[0]
+    on_lost = [TaskName("worker", 0), TaskName("ps", 0)]
+    survivor = TaskName("worker", 1)
+    for name in on_lost:
+        b.launch(probe(b, name, lost), lost)
+    b.launch(probe(b, survivor, kept), kept)
+    for name in on_lost + [survivor]:
+        wait_state(b, name, TaskState.RUNNING)
+    env.lose(lost)
+    for name in on_lost:
+        f = wait_state(b, name, TaskState.FAILED, timeout=HOST_TIMEOUT + 30).failure
+        assert f.kind is FailureKind.HOST_LOST, f
+    assert lost not in {h.name for h in b.hosts()}
+    assert b.tasks()[survivor.key].running
+    with pytest.raises(Unschedulable):
+        b.place(Placement(pin_to=lost))
+    # the lost host's tasks come back elsewhere as their next generation
+    for name in on_lost:
+        nxt = dataclasses.replace(name, generation=name.generation + 1)
+        where = b.place(Placement(avoid=frozenset({lost})))
+        assert b.launch(probe(b, nxt, where), where).running
+
+
+def test_a_new_backend_sees_what_runs_and_launches_nothing_twice(env):
+    """A restarted controller (a new backend object over the same hosts) reconciles:
+    it lists the running tasks and a repeated launch returns them."""
+    b = env.backend
+    specs = {}
+    for name, host in ((TaskName("ps", 0, 4), env.hosts[0]),
+                       (TaskName("worker", 0, 2), env.hosts[2])):
+        specs[name] = (probe(b, name, host), host)
+        b.launch(*specs[name])
+    before = {k: i.pid for k, i in b.tasks().items()}
+    fresh = env.new_backend()
+    _wait(lambda: len(fresh.hosts()) == 3, 30, "the hosts")
+    seen = fresh.tasks()
+    assert {k: (i.name, i.pid, i.running) for k, i in seen.items()} == {
+        n.key: (n, before[n.key], True) for n in specs}
+    for name, (spec, host) in specs.items():
+        assert fresh.launch(spec, host).pid == before[name.key]     # nothing started twice
+    with pytest.raises(StaleGeneration):
+        fresh.launch(probe(fresh, TaskName("ps", 0, 3), env.hosts[1]), env.hosts[1])
+
+
+def test_slow_down_throttles_the_real_process(env):
+    b = env.backend
+    name = TaskName("worker", 0)
+    b.launch(probe(b, name, env.hosts[0]), env.hosts[0])
+    wait_state(b, name, TaskState.RUNNING)
+    assert b.slow_down(name, 3.0).slowdown == 3.0
+    assert b.tasks()[name.key].slowdown == 3.0
+    assert b.slow_down(name, 1.0).slowdown == 1.0
