@@ -13,9 +13,12 @@ from the environment, so every process the job starts authenticates without a fl
 A server that binds anything but loopback without a token refuses to start unless the
 user passes the loudly named opt-out ``--allow_unauthenticated_network_access``.
 
-Not covered yet (the security issue): TLS (the token travels in clear text on the
-network), and TensorFlow's own RPC ops (the workers' data path calls the master's
-``tensorflow.rpc.RpcService`` without metadata), which a token-protected master refuses.
+TensorFlow's RPC ops (the workers' data path to the master's ``tensorflow.rpc.RpcService``)
+send no metadata: they pass the token as the last argument of every call, which the
+master checks and strips (``antdt_tf.sharding.tf_rpc``).
+
+Not covered yet (the security issue): TLS — the token travels in clear text, on the
+network and, inside the workers' dataset functions, over TensorFlow's own channels.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ from antdt_tf.errors import AntdtError
 
 TOKEN_ENV = "ANTDT_JOB_TOKEN"
 TOKEN_METADATA_KEY = "antdt-token"
-OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
+# Health checks are open; TF's RPC ops cannot send metadata, so the master's
+# tensorflow.rpc.RpcService checks the token in each call's arguments instead
+# (antdt_tf.sharding.tf_rpc).
+OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/tensorflow.rpc.RpcService/")
 OPT_OUT_FLAG = "allow_unauthenticated_network_access"
 
 

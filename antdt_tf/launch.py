@@ -5,7 +5,8 @@ Usage::
     antdt-launch --num_ps=2 --num_workers=3 --generate_records=200000 --audit \\
         --inject=slow:worker:2:x3@5s-40s --inject=kill:worker:1@30s --report_json=r.json
 
-It starts one ``antdt-agent`` per simulated host and, through those agents, the master
+It starts one ``antdt-agent`` per simulated host (the local ``ClusterBackend``,
+``antdt_tf.backends.local``) and, through that backend, the master
 (``antdt-master`` with a state dir), the PS and worker ``tf.distribute.Server`` tasks and
 the coordinator (``antdt-coordinator``). Every process change — start, kill, relaunch,
 slowdown — is a request to the agent that owns the task. While the job runs it shows a
@@ -33,7 +34,6 @@ import logging
 import os
 import pathlib
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +43,6 @@ from absl import app, flags
 
 from antdt_tf.agent.inject import Injection, parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
-from antdt_tf.procutil import child_env
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_ps", 2, "Parameter server tasks.")
@@ -51,7 +50,18 @@ flags.DEFINE_integer("num_workers", 3, "Worker tasks at the start.")
 flags.DEFINE_integer("max_workers", 0, "Worker slots the job may scale out to (pull data "
                      "path); 0 = --num_workers.")
 flags.DEFINE_integer("num_hosts", 0, "Simulated hosts (one agent each); tasks are placed "
-                     "round-robin. 0: one host per worker.")
+                     "round-robin. 0: one host per worker. --backend=agents: wait until "
+                     "this many hosts registered with the master (0: 1).")
+flags.DEFINE_enum("backend", "local", ["local", "agents"], "Where the tasks run: local = "
+                  "simulated hosts on this machine (an agent each, on loopback; the launcher "
+                  "starts the master); agents = the real hosts whose antdt-agent registered "
+                  "with the running master at --master (see docs/backends.md).")
+flags.DEFINE_string("master", "", "--backend=agents: host:port of the running antdt-master "
+                    "the hosts' agents report to. Every process needs the job's token "
+                    "($ANTDT_JOB_TOKEN) when it listens beyond loopback.")
+flags.DEFINE_float("host_timeout_seconds", 10.0, "--backend=agents: a host whose agent was "
+                   "not heard from for this long is lost; its tasks are relaunched on the "
+                   "others.")
 flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
 flags.DEFINE_enum("api", "custom_loop", ["custom_loop", "keras", "mts", "estimator"],
                   "How the job trains: custom_loop = antdt-coordinator (ClusterCoordinator "
@@ -158,6 +168,14 @@ class JobConfig:
     max_workers: int = 0
     mode: str = "async"
     estimator_python: str = ""
+    backend: str = "local"
+    master: str = ""
+    host_timeout_seconds: float = 10.0
+
+    @property
+    def agents(self) -> bool:
+        """Real hosts through a running master (no master task of our own)."""
+        return self.backend == "agents"
 
     @property
     def tf1(self) -> bool:
@@ -217,15 +235,23 @@ class LocalJob:
         self.cfg = cfg
         self.num_records = RecordFile(cfg.data).num_records
         slots = max(cfg.max_workers, cfg.num_workers)
-        ports = free_ports(2 + cfg.num_ps + slots)
-        self.master_address = f"127.0.0.1:{ports[0]}"
-        self.spec = {"chief": [f"127.0.0.1:{ports[1]}"],
-                     "ps": [f"127.0.0.1:{p}" for p in ports[2:2 + cfg.num_ps]],
-                     "worker": [f"127.0.0.1:{p}" for p in ports[2 + cfg.num_ps:]]}
+        if cfg.agents:
+            # addresses come from the hosts' port ranges once the hosts are known
+            self.master_address = cfg.master
+            self.spec = {"chief": [""], "ps": [""] * cfg.num_ps, "worker": [""] * slots}
+            self.host_names: list[str] = []
+        else:
+            ports = free_ports(2 + cfg.num_ps + slots)
+            self.master_address = f"127.0.0.1:{ports[0]}"
+            self.spec = {"chief": [f"127.0.0.1:{ports[1]}"],
+                         "ps": [f"127.0.0.1:{p}" for p in ports[2:2 + cfg.num_ps]],
+                         "worker": [f"127.0.0.1:{p}" for p in ports[2 + cfg.num_ps:]]}
+            self.host_names = [f"host{h}" for h in range(cfg.num_hosts)]
         self.placement = place(cfg.num_ps, slots, cfg.num_hosts)
         self.active_workers = cfg.num_workers   # workers 0..n-1 train; the rest are spare slots
-        self.agents: list = []            # AgentClient per host
-        self.agent_procs: list[subprocess.Popen] = []
+        self.backend = None               # the LocalBackend: one agent per simulated host
+        self.issued: dict[tuple[str, int], int] = {}   # the last generation launched, per task
+        self.current: dict[tuple[str, int], object] = {}   # the TaskName that serves, per task
         self.events: list[dict] = []
         self.t0 = time.monotonic()        # coordinator first started
         self.train_t0: Optional[float] = None   # first shard leased: the injection clock
@@ -265,33 +291,62 @@ class LocalJob:
         return ev
 
     def _start_agents(self) -> None:
-        from antdt_tf.agent.client import AgentClient
+        if self.cfg.agents:
+            self._join_hosts()
+            return
+        from antdt_tf.backends.local import LocalBackend
 
-        for h in range(self.cfg.num_hosts):
-            port_file = self.cfg.workdir / f"agent{h}.port"
-            port_file.unlink(missing_ok=True)
-            host_dir = self.cfg.workdir / f"host{h}"
-            host_dir.mkdir(parents=True, exist_ok=True)
-            with open(host_dir / "agent.log", "ab") as out:
-                self.agent_procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=host{h}",
-                     "--port=0", f"--port_file={port_file}", f"--master={self.master_address}",
-                     f"--task_log_dir={host_dir}",
-                     f"--estimator_python={self.cfg.estimator_python}"],
-                    stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                    start_new_session=True, env=child_env()))
-        deadline = time.monotonic() + 60
-        for h, proc in enumerate(self.agent_procs):
-            port_file = self.cfg.workdir / f"agent{h}.port"
-            while not port_file.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"agent host{h} did not start; see "
-                                       f"{self.cfg.workdir / f'host{h}' / 'agent.log'}")
-                time.sleep(0.05)
-            self.agents.append(AgentClient(f"127.0.0.1:{port_file.read_text().strip()}"))
+        self.backend = LocalBackend(self.cfg.num_hosts, self.cfg.workdir,
+                                    estimator_python=self.cfg.estimator_python,
+                                    master=self.master_address)
+        ports = {("master", 0): int(self.master_address.rsplit(":", 1)[1])}
+        for job in ("chief", "ps", "worker"):
+            for i, address in enumerate(self.spec[job]):
+                ports[job, i] = int(address.rsplit(":", 1)[1])
+        self.backend.reserve_endpoints(ports)
 
-    def agent_of(self, job: str, index: int):
-        return self.agents[self.placement[job, index]]
+    def _join_hosts(self) -> None:
+        """--backend=agents: the hosts whose agents report to the master; every task
+        gets an address on its host."""
+        from antdt_tf.backends.agents import AgentsBackend, MasterRendezvous
+
+        cfg = self.cfg
+        self.backend = AgentsBackend(MasterRendezvous(self.master_address),
+                                     host_timeout=cfg.host_timeout_seconds)
+        want = max(1, cfg.num_hosts)
+        deadline = time.monotonic() + 120
+        while len(hosts := self.backend.hosts()) < want:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(hosts)} of {want} hosts registered with the "
+                                   f"master at {self.master_address} within 120 s "
+                                   "(start antdt-agent --master=... on each host)")
+            time.sleep(0.5)
+        self.host_names = sorted(h.name for h in hosts)
+        self.placement = place(cfg.num_ps, len(self.spec["worker"]), len(self.host_names))
+        del self.placement["master", 0]     # the running master is not ours to start
+        for (job, index), h in self.placement.items():
+            self.spec[job][index] = self.backend.endpoint(job, index, self.host_names[h])
+        self._event(f"{len(self.host_names)} host(s) registered: "
+                    + ", ".join(f"{n} ({h.address})" for n, h in
+                                sorted((h.name, h) for h in hosts)))
+
+    def host_name(self, host: int) -> str:
+        return self.host_names[host]
+
+    def live_hosts(self) -> list[int]:
+        """Indices of the hosts that are not lost."""
+        live = {h.name for h in self.backend.hosts()}
+        return [i for i, n in enumerate(self.host_names) if n in live]
+
+    def task_name(self, job: str, index: int):
+        """The launch of ``job:index`` that serves (a standby waiting to take over is a
+        newer generation, not yet current)."""
+        return self.current[job, index]
+
+    def stop_task(self, job: str, index: int, kill: bool = False, grace_seconds: float = 10.0):
+        """Stops the task's current launch (no other generation is touched)."""
+        return self.backend.stop(self.task_name(job, index), kill=kill,
+                                 grace_seconds=grace_seconds)
 
     def _task_args(self, job: str, index: int) -> tuple[str, list[str]]:
         cfg = self.cfg
@@ -368,10 +423,35 @@ class LocalJob:
                 "PYTHONPATH": str(SOURCE_ROOT)}
 
     def start_task(self, job: str, index: int, host: Optional[int] = None,
-                   extra_args: tuple[str, ...] = ()) -> None:
+                   extra_args: tuple[str, ...] = (), standby: bool = False):
+        """Launches the task's next generation on its host (or ``host``). ``standby``:
+        the current launch keeps running until the new one takes over its address."""
+        from antdt_tf.backends import TaskName, TaskSpec
+
+        where = self.placement[job, index] if host is None else host
+        endpoint = self.backend.endpoint(job, index, self.host_name(where))
+        if job in self.spec and not standby:
+            self.spec[job][index] = endpoint     # a task on another host: a new address
         program, args = self._task_args(job, index)
-        agent = self.agent_of(job, index) if host is None else self.agents[host]
-        agent.start(job, index, program, args + list(extra_args), env=self._task_env(job, index))
+        if job in self.spec and standby and endpoint != self.spec[job][index]:
+            # a standby on another host's address: its own cluster entry says so
+            args = self._with_own_address(args, job, index, endpoint)
+        generation = self.issued.get((job, index), 0) + 1
+        name = TaskName(job, index, generation)
+        spec = TaskSpec(name, program, tuple(args) + tuple(extra_args),
+                        env=tuple(sorted(self._task_env(job, index).items())),
+                        endpoint=endpoint)
+        self.issued[job, index] = generation
+        info = self.backend.launch(spec, self.host_name(where), allow_overlap=standby)
+        self.current[job, index] = name
+        return info
+
+    def _with_own_address(self, args: list[str], job: str, index: int,
+                          endpoint: str) -> list[str]:
+        spec = {k: list(v) for k, v in self.spec.items()}
+        spec[job][index] = endpoint
+        return [f"--cluster={json.dumps(spec)}" if a.startswith("--cluster=") else a
+                for a in args]
 
     def _register_dataset(self) -> None:
         from antdt_tf.sharding.client import ShardingClient
@@ -400,7 +480,8 @@ class LocalJob:
 
         try:
             self._start_agents()
-            self.start_task("master", 0)
+            if not self.cfg.agents:
+                self.start_task("master", 0)
             self._register_dataset()
             for i in range(len(self.spec["ps"])):
                 self.start_task("ps", i)
@@ -422,8 +503,10 @@ class LocalJob:
             self.shutdown()
 
     def _supervise(self, admin, monitor) -> None:
+        from antdt_tf.backends import TaskState
+
         cfg = self.cfg
-        pending = sorted(cfg.injections, key=lambda j: j.at)
+        pending = sorted(cfg.injections, key=lambda j: (j.percent, j.at))
         ended_slowdowns: list[Injection] = []
         progress = self._progress = _ProgressLine(self, admin, monitor, enabled=cfg.progress)
         deadline = time.monotonic() + cfg.timeout_seconds
@@ -438,10 +521,12 @@ class LocalJob:
                     self.startup_seconds = self.train_t0 - self.t0
                     self._event("training started (first shard leased); injection clock starts")
                 now = time.monotonic() - (self.train_t0 or float("inf"))
-                while pending and pending[0].at <= now:
-                    if not self._inject(pending[0]):
-                        break       # deferred: tried again next round
-                    pending.pop(0)
+                done_percent = 100.0 * progress.records / max(1, progress.total)
+                for inj in list(pending):
+                    due = (self.train_t0 is not None and done_percent >= inj.at
+                           if inj.percent else inj.at <= now)
+                    if due and self._inject(inj):     # False: deferred to a later round
+                        pending.remove(inj)
                 for inj in [j for j in cfg.injections if j.kind == "slow" and j.until
                             and j.until <= now and j not in ended_slowdowns]:
                     ended_slowdowns.append(inj)
@@ -453,18 +538,17 @@ class LocalJob:
                     last_listed = time.monotonic()
                     statuses = self._statuses()
                     chief = statuses.get(("worker", 0) if cfg.tf1 else ("chief", 0))
-                    if chief is not None and chief.state != chief.RUNNING:
-                        if chief.exit_code == 0 and chief.state == chief.EXITED:
-                            progress.update(final=True)
-                            self._event("chief finished" if cfg.tf1 else "coordinator finished")
-                            return
-                    for key, status in sorted(statuses.items()):
-                        if key[0] == "worker" and key[1] >= self.active_workers:
+                    if chief is not None and chief.state is TaskState.SUCCEEDED:
+                        progress.update(final=True)
+                        self._event("chief finished" if cfg.tf1 else "coordinator finished")
+                        return
+                    for key, status in sorted(statuses.items(), key=lambda kv: (
+                            kv[0][0] == "chief", kv[0])):    # the chief last: it needs
+                        if key[0] == "worker" and key[1] >= self.active_workers:  # addresses
                             continue    # a slot scaled away
-                        if (cfg.tf1 and key[0] == "worker" and status.exit_code == 0
-                                and status.state == status.EXITED):
+                        if cfg.tf1 and key[0] == "worker" and status.state is TaskState.SUCCEEDED:
                             continue    # a TF1 trainer that finished its data
-                        if status.state != status.RUNNING:
+                        if not status.running:
                             self._recover(key, status, statuses)
                 records = progress.update()
                 if self.finished_at is None and progress.finished:
@@ -482,14 +566,10 @@ class LocalJob:
             self._progress = None
 
     def _statuses(self) -> dict:
-        """Every task's status from the agent that owns it now (a task moved to another
-        host leaves a STOPPED entry behind on the old one)."""
-        out = {}
-        for h, agent in enumerate(self.agents):
-            for s in agent.list().tasks:
-                if self.placement.get((s.task.job, s.task.index)) == h:
-                    out[s.task.job, s.task.index] = s
-        return out
+        """The current launch of every task, as the backend reports it."""
+        self.backend.tasks()      # one refresh from the agents
+        return {key: info for key, name in self.current.items()
+                if (info := self.backend.launch_info(name)) is not None}
 
     # ------------------------------------------------------------------ controller
 
@@ -545,12 +625,13 @@ class LocalJob:
 
     def _other_host(self, job: str, index: int) -> int:
         """The least loaded host other than the task's own."""
-        load = [0] * len(self.agents)
+        load = [0] * len(self.host_names)
         for (j, _), h in self.placement.items():
             if j in ("ps", "worker"):
                 load[h] += 1
         here = self.placement[job, index]
-        candidates = [h for h in range(len(self.agents)) if h != here] or [here]
+        live = self.live_hosts()
+        candidates = [h for h in live if h != here] or live or [here]
         return min(candidates, key=lambda h: (load[h], h))
 
     def _execute(self, action, records: int, status) -> None:
@@ -576,13 +657,18 @@ class LocalJob:
                          f"host{src} -> host{dst}: {action.reason}", action=kind)
         self.standby_count += 1
         ready = self.cfg.workdir / f"standby-{job}{index}-{self.standby_count}"
-        self.start_task(job, index, host=dst, extra_args=(f"--standby_file={ready}",))
+        old_launch = self.task_name(job, index)
+        stable = self.backend.capabilities.stable_endpoints
+        self.start_task(job, index, host=dst, standby=True,
+                        extra_args=(f"--standby_file={ready}",) if stable else ())
         old = [h.incarnation for h in status.health
                if h.task.job == job and h.task.index == index]
         self.actions.append({
             "t": ev["t"], "action": kind, "job": job, "index": index, "reason": action.reason,
             "from_host": src, "to_host": dst, "_pending": True, "_phase": "standby",
             "_ready": ready, "_t0": time.monotonic(), "_old_incarnation": old[0] if old else -1,
+            "_old_launch": old_launch,
+            "_endpoint": self.backend.endpoint(job, index, self.host_name(dst)),
             "_chief_restarts": self.restarts.get(("chief", 0), 0)})
 
     def _adjust_batch_sizes(self, action) -> None:
@@ -627,11 +713,13 @@ class LocalJob:
         """The chief goes (killed: the last checkpoint holds model and sharding state)
         and comes back with the new worker set, restoring; workers scaled away stop."""
         old, n = act["from_workers"], act["to_workers"]
+        if act.pop("_hold", False):
+            self._hold_data(False)
         act["records_per_worker_before"] = list(self.trainer_records)
-        self.agent_of("chief", 0).stop("chief", 0, kill=True)
+        self.stop_task("chief", 0, kill=True)
         self.active_workers = n
         for i in range(n, old):
-            self.agent_of("worker", i).stop("worker", i, grace_seconds=2)
+            self.stop_task("worker", i, grace_seconds=2)
             self._release_leases_of(i)
         self.start_task("chief", 0)
         act["_phase"] = "recovering"
@@ -639,14 +727,36 @@ class LocalJob:
         act["_t0"] = time.monotonic()
         act["_chief_restarted"] = True
 
+    def _standby_ready(self, act: dict) -> bool:
+        """A standby on a shared address wrote its ready file; one on its own address
+        serves it (the TF server bound its port)."""
+        if self.backend.capabilities.stable_endpoints:
+            return act["_ready"].exists()
+        import socket
+
+        host, port = act["_endpoint"].rsplit(":", 1)
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
     def _switch_over(self, act: dict) -> None:
         """The standby is ready: the old process goes (a kill: a relaunched worker redoes
         at most its batch in flight; a PS's state is in the last checkpoint)."""
         job, index = act["job"], act["index"]
-        self.agents[act["from_host"]].stop(job, index, kill=True)
+        moved = self.spec[job][index] != act["_endpoint"]
+        self.spec[job][index] = act["_endpoint"]
+        self.backend.stop(act["_old_launch"], kill=True)
         self.placement[job, index] = act["to_host"]
         if job == "worker":
             self._release_leases_of(index)
+        if moved and job == "worker":
+            # a new address is a cluster change: the chief goes and comes back with it,
+            # restoring from the last checkpoint (a moved PS makes the chief exit 75)
+            self._event(f"worker:{index} moved to {act['_endpoint']}: restarting the chief "
+                        "with the new cluster")
+            self.stop_task("chief", 0, kill=True)
         act["_phase"] = "recovering"
         act["standby_seconds"] = round(time.monotonic() - act["_t0"], 2)
         act["_t0"] = time.monotonic()     # the disruption starts now
@@ -665,7 +775,9 @@ class LocalJob:
                     self._event("controller: the new workers did not get ready; "
                                 "ScaleWorkers abandoned")
                     for i in range(act["from_workers"], act["to_workers"]):
-                        self.agent_of("worker", i).stop("worker", i, kill=True)
+                        self.stop_task("worker", i, kill=True)
+                    if act.pop("_hold", False):
+                        self._hold_data(False)
                     act.pop("_pending")
                     act["_done_at"] = now
                     act["abandoned"] = True
@@ -682,15 +794,15 @@ class LocalJob:
                     self._done(act, now)
             return
         if act["_phase"] == "standby":
-            if act["_ready"].exists():
+            if self._standby_ready(act):
                 self._switch_over(act)
                 return
-            st = {(s.task.job, s.task.index): s for s in self.agents[act["to_host"]].list().tasks}
-            standby = st.get((job, index))
-            if standby is None or standby.state != standby.RUNNING or now - act["_t0"] > 120:
+            standby = self._statuses().get((job, index))
+            if standby is None or not standby.running or now - act["_t0"] > 120:
                 self._event(f"controller: the standby {job}:{index} on host{act['to_host']} "
                             f"did not get ready; {act['action']} abandoned")
-                self.agents[act["to_host"]].stop(job, index, kill=True)
+                self.stop_task(job, index, kill=True)
+                self.current[job, index] = act["_old_launch"]   # the old one serves on
                 act.pop("_pending")
                 act["_done_at"] = now
                 act["abandoned"] = True
@@ -734,27 +846,41 @@ class LocalJob:
                 return False
             self._execute(ScaleWorkers(num_workers=inj.index, reason=f"injected: {inj}"),
                           self._records_done(), None)
+            act = self.actions[-1] if self.actions else {}
+            if act.get("_phase") == "standby":
+                # hold the data while the new workers start, so that a job which would
+                # end first (a fast machine, a small job) still sees the action
+                act["_hold"] = self._hold_data(True)
             return True
-        agent = self.agent_of(inj.job, inj.index)
         if inj.kind == "kill":
-            st = agent.stop(inj.job, inj.index, kill=True)
+            st = self.stop_task(inj.job, inj.index, kill=True)
             self._event(f"injected: SIGKILL {inj.task} (pid {st.pid})", injected=str(inj))
         else:
             duration = (inj.until - inj.at) if inj.until else 0.0
-            agent.throttle(inj.job, inj.index, inj.factor, duration)
+            self.backend.slow_down(self.task_name(inj.job, inj.index), inj.factor, duration)
             self._event(f"injected: {inj}", injected=str(inj))
         return True
 
     def _recover(self, key, status, statuses) -> None:
         job, index = key
         name = "coordinator" if job == "chief" else f"{job}:{index}"
-        how = (f"exit {status.exit_code}" if status.exit_code >= 0
-               else f"signal {signal.Signals(-status.exit_code).name}")
-        if status.state == status.STOPPED:
+        from antdt_tf.backends import FailureKind, TaskState
+
+        failure = status.failure
+        if status.state is TaskState.STOPPED:
             how = "killed"
-        if job == "chief" and status.exit_code == EXIT_CLUSTER_UNAVAILABLE:
+        elif failure is None:
+            how = "exit 0"
+        elif failure.kind is FailureKind.EXITED:
+            how = f"exit {failure.exit_code}"
+        elif failure.kind is FailureKind.KILLED:
+            how = f"signal {signal.Signals(-failure.exit_code).name}"
+        else:
+            how = str(failure)
+        if (job == "chief" and failure is not None and failure.kind is FailureKind.EXITED
+                and failure.exit_code == EXIT_CLUSTER_UNAVAILABLE):
             # wait until every PS and worker runs again, then relaunch (it restores)
-            if any(s.state != s.RUNNING for k, s in statuses.items() if k[0] in ("ps", "worker")):
+            if any(not s.running for k, s in statuses.items() if k[0] in ("ps", "worker")):
                 return
         n = self.restarts.get(key, 0) + 1
         if n > self.cfg.max_restarts:
@@ -767,7 +893,34 @@ class LocalJob:
         self.pending_faults.append(ev)
         if job == "worker":
             self._release_leases_of(index)
+        if self.placement[key] not in self.live_hosts():
+            # its host is lost: another host, another address
+            self.placement[key] = self._other_host(job, index)
+            self._event(f"{name} moves to {self.host_name(self.placement[key])}")
+        address = self.spec[job][index] if job in self.spec else ""
         self.start_task(job, index)
+        if (job == "worker" and index < self.active_workers and not self.cfg.tf1
+                and self.spec[job][index] != address):
+            # TF re-joins a worker only at its old address: the chief comes back with
+            # the new cluster and restores the last checkpoint
+            self._event(f"{name} has a new address: restarting the chief with the new "
+                        "cluster")
+            if statuses.get(("chief", 0)) is not None and statuses["chief", 0].running:
+                self.stop_task("chief", 0, kill=True)
+
+    def _hold_data(self, hold: bool) -> bool:
+        """Holds (no new lease) or resumes the job's dataset; True when it took effect."""
+        from antdt_tf.sharding.client import ShardingClient
+
+        try:
+            with ShardingClient(self.master_address, timeout=10) as c:
+                c.set_paused("train", hold)
+        except AntdtError as e:
+            self._event(f"could not {'hold' if hold else 'resume'} the data: {e}")
+            return False
+        self._event("data held while the injected action starts its tasks" if hold
+                    else "data resumed")
+        return True
 
     def _release_leases_of(self, worker: int) -> None:
         """A dead worker's pipeline held leases (pull path): give them back now rather
@@ -823,8 +976,8 @@ class LocalJob:
         try:
             for (job, index), st in sorted(self._statuses().items()):
                 cpu[f"{job}:{index}"] = round(st.cpu_seconds, 2)
-            for h, proc in enumerate(self.agent_procs):
-                t = psutil.Process(proc.pid).cpu_times()
+            for h in range(cfg.num_hosts if not cfg.agents else 0):   # ours, local
+                t = psutil.Process(self.backend.agent_pid(self.host_name(h))).cpu_times()
                 cpu[f"agent:host{h}"] = round(t.user + t.system, 2)
             t = psutil.Process().cpu_times()
             cpu["launcher"] = round(t.user + t.system, 2)
@@ -836,7 +989,9 @@ class LocalJob:
             "train_started_unix": self.train_started_unix,
             "records": total,
             "records_per_second": round(total / jct, 1),
-            "num_ps": cfg.num_ps, "num_workers": cfg.num_workers, "num_hosts": cfg.num_hosts,
+            "num_ps": cfg.num_ps, "num_workers": cfg.num_workers,
+            "num_hosts": len(self.host_names), "backend": cfg.backend,
+            "hosts": {f"{j}:{i}": self.host_name(h) for (j, i), h in sorted(self.placement.items())},
             "epochs": cfg.epochs, "batch_size": cfg.batch_size,
             "records_per_shard": cfg.records_per_shard,
             "shards_per_worker": coord.get("shards_per_worker", []),
@@ -882,25 +1037,19 @@ class LocalJob:
         return report
 
     def shutdown(self) -> None:
-        """Stops every task through its agent, then the agents."""
+        """Stops every task (chief first, master last), then the agents."""
+        if self.backend is None:
+            return
         for job in ("chief", "worker", "ps", "master"):
-            for (j, i) in [k for k in self.placement if k[0] == job]:
+            for (j, i) in [k for k in self.current if k[0] == job]:
                 try:
-                    if self.agents:
-                        self.agent_of(j, i).stop(j, i, grace_seconds=5)
-                except (AntdtError, IndexError):
+                    self.stop_task(j, i, grace_seconds=5)
+                except AntdtError:
                     pass
-        for proc in self.agent_procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.agent_procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for agent in self.agents:
-            agent.close()
+        if self.cfg.agents:
+            self.backend.close()      # the hosts' agents are not ours to stop
+        else:
+            self.backend.shutdown()
 
 
 def _health_dict(h) -> dict:
@@ -1057,6 +1206,21 @@ def config_from_flags() -> JobConfig:
         raise app.UsageError("--learning_rate must be > 0")
     if FLAGS.num_hosts < 0:
         raise app.UsageError("--num_hosts must be >= 0")
+    if FLAGS.backend == "agents":
+        if not FLAGS.master:
+            raise app.UsageError("--backend=agents needs --master=HOST:PORT (the running "
+                                 "antdt-master the hosts' agents report to)")
+        if FLAGS.api != "custom_loop" or FLAGS.max_workers > FLAGS.num_workers:
+            raise app.UsageError("--backend=agents runs --api=custom_loop jobs without "
+                                 "--max_workers for now (docs/backends.md)")
+        if any(t.startswith("kill:master") for t in FLAGS.inject):
+            raise app.UsageError("--backend=agents: the master is not the launcher's to "
+                                 "kill (it runs on its own host)")
+        if FLAGS.host_timeout_seconds <= 0:
+            raise app.UsageError("--host_timeout_seconds must be > 0")
+    elif FLAGS.master:
+        raise app.UsageError("--master goes with --backend=agents (the local backend "
+                             "starts its own master)")
     if FLAGS.max_workers and FLAGS.max_workers < FLAGS.num_workers:
         raise app.UsageError("--max_workers must be 0 or >= --num_workers")
     if FLAGS.max_workers > FLAGS.num_workers and (FLAGS.api != "custom_loop"
@@ -1142,7 +1306,9 @@ def config_from_flags() -> JobConfig:
     ckpt = FLAGS.checkpoint_dir or str(workdir / "checkpoints")
     return JobConfig(
         num_ps=FLAGS.num_ps, num_workers=FLAGS.num_workers,
-        num_hosts=FLAGS.num_hosts or FLAGS.num_workers, data=data, eval_data=eval_data,
+        num_hosts=FLAGS.num_hosts or (1 if FLAGS.backend == "agents" else FLAGS.num_workers),
+        data=data, eval_data=eval_data, backend=FLAGS.backend, master=FLAGS.master,
+        host_timeout_seconds=FLAGS.host_timeout_seconds,
         epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
         records_per_shard=FLAGS.records_per_shard, shuffle=FLAGS.shuffle,
         buckets=FLAGS.buckets, checkpoint_dir=ckpt, learning_rate=FLAGS.learning_rate,
@@ -1165,8 +1331,10 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     cfg = config_from_flags()
-    print(f"antdt-launch: {cfg.num_ps} PS, {cfg.num_workers} workers on {cfg.num_hosts} "
-          f"simulated host(s); workdir {cfg.workdir}", file=sys.stderr)
+    where = (f"the hosts registered with {cfg.master}" if cfg.agents
+             else f"{cfg.num_hosts} simulated host(s)")
+    print(f"antdt-launch: {cfg.num_ps} PS, {cfg.num_workers} workers on {where}; "
+          f"workdir {cfg.workdir}", file=sys.stderr)
     for inj in cfg.injections:
         print(f"  inject: {inj}", file=sys.stderr)
     try:

@@ -2,7 +2,6 @@
 change nothing; health checks stay open; a server refuses to listen beyond loopback
 without a token. Real gRPC servers (an in-process master, an agent process)."""
 
-import pathlib
 import subprocess
 import sys
 
@@ -107,3 +106,34 @@ def test_loopback_detection():
     assert auth.is_loopback("localhost") and auth.is_loopback("127.3.2.1")
     assert not auth.is_loopback("0.0.0.0") and not auth.is_loopback("198.18.0.1")
     assert not auth.is_loopback("example.org")
+
+
+def test_tf_rpc_data_path_carries_the_token_in_its_arguments(monkeypatch):
+    """TF's RPC ops send no metadata: the workers' calls pass the token as their last
+    argument. Real TF ops (the TF2 workers' path) and the Python client (TF1 feed)."""
+    import tensorflow as tf
+
+    from antdt_tf.sharding.tf_rpc_client import TfRpcClient
+    from antdt_tf.tf import pull
+
+    with BackgroundMaster(ShardingServicer(ShardState()), token=TOKEN) as m:
+        with ShardingClient(m.address, channel=auth.channel(m.address, token=TOKEN)) as c:
+            c.register_dataset(SPEC)
+        monkeypatch.setenv(auth.TOKEN_ENV, TOKEN)
+        client = pull._client(m.address, 5000, "auth-test")
+        (inc,) = pull._call(client, "antdt.open", [tf.constant("train"),
+                                                   tf.constant(0, tf.int64)], [tf.int64], 5000)
+        assert int(inc) > 0
+        with TfRpcClient(m.address, "train", 1, timeout=5, unavailable_seconds=1) as py:
+            assert py.open() > 0 and py.next().status == 1    # a lease
+        monkeypatch.delenv(auth.TOKEN_ENV)
+        other = pull._client(m.address, 5000, "auth-test-2")
+        with pytest.raises(tf.errors.UnauthenticatedError):
+            pull._call(other, "antdt.open", [tf.constant("train"), tf.constant(2, tf.int64)],
+                       [tf.int64], 5000)
+        with TfRpcClient(m.address, "train", 3, timeout=5, unavailable_seconds=1) as py:
+            with pytest.raises(AntdtError):
+                py.open()
+        with ShardingClient(m.address, channel=auth.channel(m.address, token=TOKEN)) as c:
+            tasks = {(t.task.type, t.task.index) for t in c.progress("train").tasks}
+        assert ("worker", 2) not in tasks and ("worker", 3) not in tasks   # refused: nothing

@@ -220,9 +220,14 @@ def test_relaunch_away_from_a_host_with_generation_fencing(env):
     # fencing: the older generation can neither be launched again nor stop the new one
     with pytest.raises(StaleGeneration):
         b.launch(probe(b, g1, first_host), first_host)
-    with pytest.raises(StaleGeneration):
-        b.stop(g1, kill=True)
+    assert not b.stop(g1, kill=True).running          # stops exactly g1 (long gone)
     assert b.tasks()[g2.key].running and b.tasks()[g2.key].name == g2
+    g3 = TaskName("worker", 2, 3)                      # g3 replaces g2 on g2's host
+    b.stop(g2, kill=True)
+    b.launch(probe(b, g3, other), other)
+    with pytest.raises(StaleGeneration):               # the agent there runs g3 now
+        b.stop(g2, kill=True)
+    assert b.tasks()[g2.key].running and b.tasks()[g2.key].name == g3
     pinned = b.place(Placement(pin_to=env.hosts[2]))
     assert pinned == env.hosts[2]
     with pytest.raises(Unschedulable):

@@ -61,9 +61,12 @@ def test_antdt_nd_replaces_a_slow_ps_and_restores_exactly(tmp_path, api):
 def test_scale_out_then_in_while_the_job_runs(tmp_path):
     report, out = launch(tmp_path, "--num_ps=1", "--num_workers=2", "--max_workers=3",
                          "--policy=dynamic", "--checkpoint_every_seconds=3",
-                         # the scale-in waits until the scale-out is done (the third
-                         # worker trains), then goes at once
-                         "--inject=scale:workers:3@1s", "--inject=scale:workers:2@2s",
+                         # on progress, not time: the scale-out at 1 % of the records,
+                         # with the data held while its worker starts (so the job cannot
+                         # end first on a fast machine: seen in CI with @1s/@2s); the
+                         # scale-in waits until the scale-out is done (the third worker
+                         # trains), then goes at once
+                         "--inject=scale:workers:3@1%", "--inject=scale:workers:2@2%",
                          records=400_000)
     out_, in_ = report["actions"]
     assert (out_["action"], out_["from_workers"], out_["to_workers"]) == ("ScaleWorkers", 2, 3)
@@ -75,6 +78,9 @@ def test_scale_out_then_in_while_the_job_runs(tmp_path):
     assert report["master_records_per_task"]["worker:2"] > 0, report["events"]
     assert report["audit"]["applied_1"] == report["records"]   # exact through both restarts
     assert "ScaleWorkers 2 -> 3 workers" in out and "ScaleWorkers 3 -> 2 workers" in out
+    events = [e["event"] for e in report["events"]]
+    assert events.index("data held while the injected action starts its tasks") < \
+        events.index("data resumed")
 
 
 def test_tail_stealing_takes_over_a_slow_workers_shards_exactly(tmp_path):

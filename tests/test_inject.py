@@ -24,6 +24,9 @@ LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
     ("slow:ps:0:x2.5@1.5s-3s", Injection("slow", "ps", 0, 1.5, 3.0, 2.5)),
     ("scale:workers:5@30s", Injection("scale", "worker", 5, 30.0)),
     ("scale:workers:1@2.5", Injection("scale", "worker", 1, 2.5)),
+    ("scale:workers:3@1%", Injection("scale", "worker", 3, 1.0, percent=True)),
+    ("kill:worker:1@25%", Injection("kill", "worker", 1, 25.0, percent=True)),
+    ("slow:ps:0:x2@5.5%", Injection("slow", "ps", 0, 5.5, None, 2.0, percent=True)),
 ])
 def test_documented_forms_parse(text, expect):
     assert parse_injection(text, num_ps=2, num_workers=3, max_workers=5) == expect
@@ -43,6 +46,8 @@ def test_documented_forms_parse(text, expect):
     ("scale:workers:4@3s", "can scale to 1..3 workers"),
     ("scale:workers:0@3s", "can scale to 1..3 workers"),
     ("scale:workers:2@3s-5s", "expected kill"),
+    ("slow:worker:1:x2@5%-9s", "not a range"),
+    ("kill:worker:1@101%", "not a range"),
 ])
 def test_mistakes_are_explained(text, message):
     with pytest.raises(InvalidRequest, match=message):

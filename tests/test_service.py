@@ -219,3 +219,19 @@ def test_leaving_the_pull_loop_gives_the_shard_back_at_once(client):
             1 / 0
     p = client.progress("train")
     assert p.datasets[0].done_shards == 0 and p.tasks[0].failures == 2
+
+
+def test_a_paused_dataset_issues_no_lease_until_resumed(client, master):
+    first = client.get_shard("train")
+    assert first.status == pb.GetShardResponse.SHARD
+    assert client.set_paused("train", True) is True
+    assert client.progress("train").datasets[0].paused
+    held = client.get_shard("train")
+    assert held.status == pb.GetShardResponse.WAIT and held.retry_after_seconds > 0
+    # the lease already out is trained and reported as usual
+    client.report_done(first.shard)
+    with pytest.raises(errors.UnknownDataset):
+        client.set_paused("nope", True)
+    assert client.set_paused("train", False) is False
+    assert not client.progress("train").datasets[0].paused
+    assert client.get_shard("train").status == pb.GetShardResponse.SHARD

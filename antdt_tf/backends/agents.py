@@ -89,7 +89,9 @@ class AgentsBackend(ClusterBackend):
         self._agents: dict[str, AgentRecord] = {}      # live hosts by name
         self._last_heard: dict[str, float] = {}        # host -> monotonic time
         self._lost: dict[str, float] = {}              # host -> when it was declared lost
-        self._known: dict[tuple[str, int], TaskInfo] = {}   # last seen, per task
+        self._known: dict[tuple[str, int], TaskInfo] = {}   # latest launch, per task
+        self._launches: dict[TaskName, TaskInfo] = {}       # every launch an agent lists
+        self._endpoints: dict[tuple[str, int], tuple[str, str]] = {}  # task -> (host, addr)
         self._refreshed = 0.0
 
     # ------------------------------------------------------------------ hosts
@@ -148,21 +150,30 @@ class AgentsBackend(ClusterBackend):
             return self._client(record.agent_address)
 
     def endpoint(self, job: str, index: int, host: str) -> str:
-        """A port of the host's task range that none of its known tasks uses."""
+        """The task's address on ``host``: the same as before when it was there before (a
+        restart on its host keeps its address, and TF re-joins it), else a port of the
+        host's task range that no other task of the job was given."""
         self.hosts()
         with self._lock:
+            before = self._endpoints.get((job, index))
+            if before is not None and before[0] == host:
+                return before[1]
             record = self._agents.get(host)
             if record is None:
                 raise Unschedulable(f"unknown host {host!r}")
             h = record.host
-            used = {int(i.endpoint.rsplit(":", 1)[1]) for i in self._known.values()
-                    if i.host == host and i.endpoint}
-        free = [p for p in range(h.first_port, h.last_port + 1) if p not in used]
-        if not h.address or not free:
-            raise Unschedulable(f"host {host!r} offers no task port (advertise "
-                                f"{h.address!r}, ports {h.first_port}-{h.last_port})")
-        # random, not lowest: a port a crashed task could not bind is not picked again
-        return f"{h.address}:{random.choice(free[:512])}"
+            used = {int(e.rsplit(":", 1)[1]) for where, e in self._endpoints.values()
+                    if where == host}
+            used |= {int(i.endpoint.rsplit(":", 1)[1]) for i in self._known.values()
+                     if i.host == host and i.endpoint}
+            free = [p for p in range(h.first_port, h.last_port + 1) if p not in used]
+            if not h.address or not free:
+                raise Unschedulable(f"host {host!r} offers no task port (advertise "
+                                    f"{h.address!r}, ports {h.first_port}-{h.last_port})")
+            # random, not the lowest: a port a crashed task could not bind is not retried
+            address = f"{h.address}:{random.choice(free[:512])}"
+            self._endpoints[job, index] = (host, address)
+            return address
 
     # ------------------------------------------------------------------ tasks
 
@@ -197,6 +208,7 @@ class AgentsBackend(ClusterBackend):
                 seen.extend(infos)
         with self._lock:
             lost = set(self._lost)
+            self._launches.update((i.name, i) for i in seen)
             current = latest(seen)
             for key, old in list(self._known.items()):
                 new = current.get(key)
@@ -235,20 +247,35 @@ class AgentsBackend(ClusterBackend):
             memory_limit_bytes=spec.memory_limit_bytes)
         info = self._info(host, status)
         with self._lock:
-            self._known[key] = info
+            self._known[key] = self._launches[spec.name] = info
         return info
 
-    def _owner(self, name: TaskName) -> tuple[str, AgentClient]:
+    def launch_info(self, name: TaskName) -> Optional[TaskInfo]:
         with self._lock:
-            known = self._known.get(name.key)
-        if known is None or known.name.generation < name.generation:
-            known = self.tasks().get(name.key)
-        if known is None:
-            raise UnknownTask(f"no host runs {name}")
-        if known.name.generation != name.generation:
-            raise StaleGeneration(f"{name}: the task's current launch is {known.name} "
-                                  f"on {known.host}")
-        return known.host, self._agent_of(known.host)
+            newest = self._known.get(name.key)
+            if newest is not None and newest.name == name:
+                return newest
+            info = self._launches.get(name)
+            if info is not None and info.running and info.host in self._lost:
+                return dataclasses.replace(info, state=TaskState.FAILED, failure=Failure(
+                    FailureKind.HOST_LOST, 0, f"host {info.host}"))
+            return info
+
+    def _owner(self, name: TaskName) -> tuple[str, AgentClient]:
+        """The host of exactly this launch (an older generation may still run on another
+        host while a standby of the next waits to take over)."""
+        with self._lock:
+            found = self._launches.get(name)
+        if found is None:
+            newest = self.tasks().get(name.key)
+            with self._lock:
+                found = self._launches.get(name)
+            if found is None:
+                if newest is not None and newest.name.generation > name.generation:
+                    raise StaleGeneration(f"{name}: the task's current launch is "
+                                          f"{newest.name} on {newest.host}")
+                raise UnknownTask(f"no host runs {name}")
+        return found.host, self._agent_of(found.host)
 
     def stop(self, name: TaskName, kill: bool = False, grace_seconds: float = 10.0) -> TaskInfo:
         host, agent = self._owner(name)
@@ -256,7 +283,9 @@ class AgentsBackend(ClusterBackend):
                             generation=name.generation)
         info = self._info(host, status)
         with self._lock:
-            self._known[name.key] = info
+            self._launches[name] = info
+            if self._known.get(name.key, info).name == name:
+                self._known[name.key] = info
         return info
 
     def slow_down(self, name: TaskName, factor: float, duration_seconds: float = 0.0) -> TaskInfo:

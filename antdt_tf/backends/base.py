@@ -192,6 +192,12 @@ class ClusterBackend(abc.ABC):
         from the hosts themselves, so a new backend object over the same hosts (a
         restarted master) sees what runs (reconcile)."""
 
+    def launch_info(self, name: TaskName) -> Optional[TaskInfo]:
+        """The state of exactly this launch as of the last ``tasks()`` (None: never
+        seen). An older generation can still run beside a newer one that stands by."""
+        info = self.tasks().get(name.key)
+        return info if info is not None and info.name == name else None
+
     def slow_down(self, name: TaskName, factor: float, duration_seconds: float = 0.0) -> TaskInfo:
         """Fault injection: the task gets 1/factor of its CPU (factor 1: full speed)."""
         raise NotImplementedError(f"{type(self).__name__} cannot slow tasks down")

@@ -196,7 +196,7 @@ class GetProgressRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DatasetProgress(_message.Message):
-    __slots__ = ("name", "epoch", "num_epochs", "shards_per_epoch", "todo_shards", "doing_shards", "done_shards", "poisoned_shards", "records_per_epoch", "records_done_epoch", "records_done_total", "finished", "poisoned_shard_ids", "seconds_per_record", "started_unix", "finished_unix", "stolen_leases", "batch_sizes", "backup_leases", "held")
+    __slots__ = ("name", "epoch", "num_epochs", "shards_per_epoch", "todo_shards", "doing_shards", "done_shards", "poisoned_shards", "records_per_epoch", "records_done_epoch", "records_done_total", "finished", "poisoned_shard_ids", "seconds_per_record", "started_unix", "finished_unix", "stolen_leases", "batch_sizes", "backup_leases", "held", "paused")
     class BatchSizesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +224,7 @@ class DatasetProgress(_message.Message):
     BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
     BACKUP_LEASES_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
     name: str
     epoch: int
     num_epochs: int
@@ -244,7 +245,8 @@ class DatasetProgress(_message.Message):
     batch_sizes: _containers.ScalarMap[int, int]
     backup_leases: int
     held: _containers.RepeatedCompositeFieldContainer[HeldLease]
-    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: bool = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., stolen_leases: _Optional[int] = ..., batch_sizes: _Optional[_Mapping[int, int]] = ..., backup_leases: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldLease, _Mapping]]] = ...) -> None: ...
+    paused: bool
+    def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ..., num_epochs: _Optional[int] = ..., shards_per_epoch: _Optional[int] = ..., todo_shards: _Optional[int] = ..., doing_shards: _Optional[int] = ..., done_shards: _Optional[int] = ..., poisoned_shards: _Optional[int] = ..., records_per_epoch: _Optional[int] = ..., records_done_epoch: _Optional[int] = ..., records_done_total: _Optional[int] = ..., finished: bool = ..., poisoned_shard_ids: _Optional[_Iterable[int]] = ..., seconds_per_record: _Optional[float] = ..., started_unix: _Optional[float] = ..., finished_unix: _Optional[float] = ..., stolen_leases: _Optional[int] = ..., batch_sizes: _Optional[_Mapping[int, int]] = ..., backup_leases: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldLease, _Mapping]]] = ..., paused: bool = ...) -> None: ...
 
 class HeldLease(_message.Message):
     __slots__ = ("lease_id", "holder", "applied")
@@ -549,3 +551,17 @@ class SetBatchSizesResponse(_message.Message):
     BATCH_SIZES_FIELD_NUMBER: _ClassVar[int]
     batch_sizes: _containers.ScalarMap[int, int]
     def __init__(self, batch_sizes: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
+class SetPausedRequest(_message.Message):
+    __slots__ = ("dataset", "paused")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    paused: bool
+    def __init__(self, dataset: _Optional[str] = ..., paused: bool = ...) -> None: ...
+
+class SetPausedResponse(_message.Message):
+    __slots__ = ("paused",)
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    def __init__(self, paused: bool = ...) -> None: ...

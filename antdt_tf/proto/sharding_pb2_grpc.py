@@ -60,6 +60,11 @@ class ShardingServiceStub(object):
                 request_serializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesRequest.SerializeToString,
                 response_deserializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesResponse.FromString,
                 )
+        self.SetPaused = channel.unary_unary(
+                '/antdt.v1.ShardingService/SetPaused',
+                request_serializer=antdt_dot_v1_dot_sharding__pb2.SetPausedRequest.SerializeToString,
+                response_deserializer=antdt_dot_v1_dot_sharding__pb2.SetPausedResponse.FromString,
+                )
         self.ApplyLeaseRecord = channel.unary_unary(
                 '/antdt.v1.ShardingService/ApplyLeaseRecord',
                 request_serializer=antdt_dot_v1_dot_sharding__pb2.LeaseRecord.SerializeToString,
@@ -126,6 +131,12 @@ class ShardingServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPaused(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ApplyLeaseRecord(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -179,6 +190,11 @@ def add_ShardingServiceServicer_to_server(servicer, server):
                     servicer.SetBatchSizes,
                     request_deserializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesRequest.FromString,
                     response_serializer=antdt_dot_v1_dot_sharding__pb2.SetBatchSizesResponse.SerializeToString,
+            ),
+            'SetPaused': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPaused,
+                    request_deserializer=antdt_dot_v1_dot_sharding__pb2.SetPausedRequest.FromString,
+                    response_serializer=antdt_dot_v1_dot_sharding__pb2.SetPausedResponse.SerializeToString,
             ),
             'ApplyLeaseRecord': grpc.unary_unary_rpc_method_handler(
                     servicer.ApplyLeaseRecord,
@@ -345,6 +361,23 @@ class ShardingService(object):
         return grpc.experimental.unary_unary(request, target, '/antdt.v1.ShardingService/SetBatchSizes',
             antdt_dot_v1_dot_sharding__pb2.SetBatchSizesRequest.SerializeToString,
             antdt_dot_v1_dot_sharding__pb2.SetBatchSizesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SetPaused(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/antdt.v1.ShardingService/SetPaused',
+            antdt_dot_v1_dot_sharding__pb2.SetPausedRequest.SerializeToString,
+            antdt_dot_v1_dot_sharding__pb2.SetPausedResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

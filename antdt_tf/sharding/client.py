@@ -188,6 +188,11 @@ class ShardingClient:
         return dict(self._call("SetBatchSizes", pb.SetBatchSizesRequest(
             dataset=dataset, batch_sizes=sizes, replace=replace)).batch_sizes)
 
+    def set_paused(self, dataset: str, paused: bool) -> bool:
+        """Holds (``paused``) or resumes a dataset: while held no new lease is issued."""
+        return self._call("SetPaused", pb.SetPausedRequest(dataset=dataset,
+                                                           paused=paused)).paused
+
     def save_state(self, datasets: Sequence[str] = ()) -> bytes:
         """The sharding state as bytes, to be stored inside a model checkpoint."""
         return self._call("SaveState", pb.SaveStateRequest(datasets=list(datasets))).state \

@@ -79,6 +79,7 @@ class ShardingServicer:
         # ADJUST_BS: dataset -> {worker index: records per batch}; the Controller's soft
         # state (not journaled: after a restart it sets the sizes again)
         self.batch_sizes: dict[str, dict[int, int]] = {}
+        self.paused: set[str] = set()     # SetPaused: datasets issuing no new lease
 
     def RegisterDataset(self, req: pb.RegisterDatasetRequest) -> pb.RegisterDatasetResponse:
         created, shards, records = self.state.register_dataset(spec_from_proto(req.spec))
@@ -87,7 +88,19 @@ class ShardingServicer:
     def GetShard(self, req: pb.GetShardRequest) -> pb.GetShardResponse:
         if not req.HasField("task"):
             raise InvalidRequest("GetShard needs the requesting task")
+        if req.dataset in self.paused:
+            return self.paused_answer(req.dataset)
         return self.state.get_shard(req.dataset, req.task, req.request_id)
+
+    def paused_answer(self, dataset: str) -> pb.GetShardResponse:
+        self.state.lease_length(dataset, -1)      # raises UnknownDataset
+        return pb.GetShardResponse(status=pb.GetShardResponse.WAIT, retry_after_seconds=0.2)
+
+    def SetPaused(self, req: pb.SetPausedRequest) -> pb.SetPausedResponse:
+        self.state.lease_length(req.dataset, -1)      # raises UnknownDataset
+        (self.paused.add if req.paused else self.paused.discard)(req.dataset)
+        log.info("dataset %s %s", req.dataset, "paused" if req.paused else "resumed")
+        return pb.SetPausedResponse(paused=req.paused)
 
     def ReportShard(self, req: pb.ReportShardRequest) -> pb.ReportShardResponse:
         if not req.HasField("task"):
@@ -108,6 +121,7 @@ class ShardingServicer:
         out = self.state.progress(req.dataset)
         for d in out.datasets:
             d.batch_sizes.update(self.batch_sizes.get(d.name, {}))
+            d.paused = d.name in self.paused
         return out
 
     def ApplyLeaseRecord(self, req: pb.LeaseRecord) -> pb.LeaseRecordResponse:
@@ -251,7 +265,8 @@ class MasterServer:
         from antdt_tf.sharding.tf_rpc import TfRpcServicer
 
         self.monitor = monitor if monitor is not None else ClusterMonitorServicer(ClusterView())
-        self.tf_rpc = TfRpcServicer(servicer, on_step=self.monitor.view.observe_step)
+        self.tf_rpc = TfRpcServicer(servicer, on_step=self.monitor.view.observe_step,
+                                    token=token)
         self.bind = bind
         self.requested_port = port
         self.tick_seconds = tick_seconds

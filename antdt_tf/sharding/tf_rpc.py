@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import hmac
 import logging
 import time
 
@@ -117,8 +118,11 @@ class TfRpcServicer:
     same event loop, same journal)."""
 
     def __init__(self, sharding, wait_seconds: float = 2.0, poll_seconds: float = 0.05,
-                 on_step=None):
+                 on_step=None, token: str = ""):
         self.sharding = sharding
+        # TF's RPC ops send no metadata: with a job token every call carries it as its
+        # last argument (a string tensor), checked and removed here before dispatch
+        self.token = token
         # on_step(worker, incarnation, records, seconds=None): every trained batch, for
         # the Monitor's BPT (seconds: measured by the worker; None: since its last step)
         self.on_step = on_step
@@ -181,8 +185,12 @@ class TfRpcServicer:
             raise InvalidRequest(f"request must be > 0, got {request_id}")
         deadline = time.monotonic() + wait_seconds
         while True:
-            resp = self.state.get_shard(dataset, task, request_id,
-                                        (dataset, task.index, task.incarnation) in self._sparse)
+            if dataset in self.sharding.paused:
+                resp = self.sharding.paused_answer(dataset)
+            else:
+                resp = self.state.get_shard(dataset, task, request_id,
+                                            (dataset, task.index, task.incarnation)
+                                            in self._sparse)
             self.sharding.after_call()
             if resp.status != pb.GetShardResponse.WAIT or time.monotonic() >= deadline:
                 break
@@ -263,6 +271,15 @@ class TfRpcServicer:
             req.ParseFromString(raw)
         except Exception as e:  # DecodeError: bytes that are not a CallRequest
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed CallRequest: {e}")
+        if self.token:
+            last = req.input_tensors[-1] if req.input_tensors else None
+            got = (last.string_val[0] if last is not None and last.dtype == tpb.DT_STRING
+                   and len(last.string_val) == 1 else b"")
+            if not hmac.compare_digest(got, self.token.encode()):
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                    f"{req.method}: missing or wrong job token (the last "
+                                    "argument of every call when the master has a token)")
+            del req.input_tensors[-1]
         name = self.METHODS.get(req.method)
         if name is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,

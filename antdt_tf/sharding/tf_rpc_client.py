@@ -93,7 +93,9 @@ class TfRpcClient:
         self.close()
 
     def _call(self, method: str, args: list, timeout: Optional[float] = None) -> list:
-        req = tpb.TfCallRequest(method=method, input_tensors=args)
+        token = auth.job_token()
+        req = tpb.TfCallRequest(method=method,
+                                input_tensors=list(args) + ([_str(token)] if token else []))
         give_up = time.monotonic() + self.unavailable_seconds
         delay = 0.1
         while True:

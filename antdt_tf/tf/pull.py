@@ -42,6 +42,7 @@ import time
 import tensorflow as tf
 from tensorflow.distribute.experimental.rpc.kernels import gen_rpc_ops as _rpc
 
+from antdt_tf import auth
 from antdt_tf.tf.reader import decode_records, raw_shard_dataset
 
 STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
@@ -75,6 +76,10 @@ def _call(client, method: str, args, tout, timeout_ms: int, attempts: int = 6):
     its frame even when the master answered at once (the common case)."""
     def zeros():
         return [tf.constant("" if t == tf.string else 0, t) for t in tout]
+
+    token = auth.job_token()
+    if token:     # TF's RPC ops send no metadata: the master checks the last argument
+        args = list(args) + [tf.constant(token)]
 
     def attempt(i, code, *values):
         future, deleter = _rpc.rpc_call(client=client, method_name=method, args=args,
