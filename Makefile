@@ -7,7 +7,7 @@ STAMP := $(VENV)/.antdt-installed
 PROTOC_VENV := .venv-protoc
 PROTOC_STAMP := $(PROTOC_VENV)/.installed
 
-.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-compare bench-step-cost bench-scenarios bench-peer protos bazel-test clean
+.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-multihost bench-compare bench-step-cost bench-scenarios bench-peer protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -94,6 +94,11 @@ bench-scenarios: $(STAMP)
 # without a 4x straggler (4 whole jobs; a few minutes here).
 bench-peer: $(STAMP)
 	$(PY) -m benchmarks.dataservice_peer --out benchmarks/results/dataservice_peer.md
+
+# Jobs across three network-namespace hosts (needs root): host loss, move cost, and
+# scenario 2 on the agents backend beside the local one (6 whole jobs; a few minutes).
+bench-multihost: $(STAMP)
+	$(PY) -m benchmarks.multihost --out benchmarks/results/multihost.md
 
 bench-compare: $(STAMP)
 	$(PY) -m benchmarks.compare_pss --rounds=5 --setups=abcs --out benchmarks/results/compare_pss.md

@@ -168,3 +168,39 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def start_antdt_cluster(net: NetnsHosts, workdir, *master_flags: str,
+                        report_seconds: float = 0.5) -> str:
+    """An antdt-master on the bridge address (state in ``workdir/master``) and an
+    ``antdt-agent`` on every host, registering with it; returns the master's address.
+    The caller sets ``$ANTDT_JOB_TOKEN`` first (the master listens beyond loopback).
+    Logs: ``workdir/cluster.log``; every process is in ``net.procs`` (closed with it)."""
+    import pathlib
+    import sys
+
+    from antdt_tf.procutil import child_env
+
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port_file = workdir / "master.port"
+    log = open(workdir / "cluster.log", "ab")
+    net.procs.append(subprocess.Popen(
+        [sys.executable, "-m", "antdt_tf.master", f"--bind={BRIDGE_ADDRESS}", "--port=0",
+         f"--port_file={port_file}", f"--state_dir={workdir / 'master'}", *master_flags],
+        stdout=log, stderr=log, start_new_session=True, env=child_env()))
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the master did not start: {workdir / 'cluster.log'}")
+        time.sleep(0.05)
+    master = f"{BRIDGE_ADDRESS}:{port_file.read_text().strip()}"
+    for i, address in enumerate(net.addresses):
+        (workdir / f"h{i}").mkdir(exist_ok=True)
+        net.popen(i, [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=h{i}",
+                      f"--bind={address}", f"--advertise={address}", "--port=7471",
+                      f"--master={master}", f"--report_seconds={report_seconds}",
+                      "--task_ports=21000-21999", f"--task_log_dir={workdir / f'h{i}'}"],
+                  stdout=log, stderr=log, env=child_env())
+    log.close()
+    return master

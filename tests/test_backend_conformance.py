@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import socket
-import sys
 import time
 from typing import Callable
 
@@ -64,29 +63,11 @@ def _agents_env(tmp_path, monkeypatch):
     if not ok:
         pytest.skip(why)
     from antdt_tf.backends.agents import AgentsBackend, MasterRendezvous
-    from antdt_tf.procutil import child_env
 
     token = secrets.token_hex(16)
     monkeypatch.setenv("ANTDT_JOB_TOKEN", token)     # our clients and every process
     with netns.NetnsHosts(3) as net:
-        port_file = tmp_path / "master.port"
-        log = open(tmp_path / "master.log", "wb")
-        import subprocess
-
-        master = subprocess.Popen(
-            [sys.executable, "-m", "antdt_tf.master", f"--bind={netns.BRIDGE_ADDRESS}",
-             "--port=0", f"--port_file={port_file}"], stdout=log, stderr=log,
-            start_new_session=True, env=child_env())
-        net.procs.append(master)
-        _wait(port_file.exists, 60, "the master")
-        master_address = f"{netns.BRIDGE_ADDRESS}:{port_file.read_text().strip()}"
-        for i, address in enumerate(net.addresses):
-            (tmp_path / f"h{i}").mkdir()
-            net.popen(i, [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=h{i}",
-                          f"--bind={address}", f"--advertise={address}", "--port=7471",
-                          f"--master={master_address}", "--report_seconds=0.5",
-                          "--task_ports=21000-21999", f"--task_log_dir={tmp_path / f'h{i}'}"],
-                      stdout=log, stderr=log, env=child_env())
+        master_address = netns.start_antdt_cluster(net, tmp_path)
         backends = []
 
         def new_backend():
@@ -101,7 +82,6 @@ def _agents_env(tmp_path, monkeypatch):
         finally:
             for b in backends:
                 b.close()
-            log.close()
 
 
 @pytest.fixture(params=["local", "agents"])

@@ -18,7 +18,6 @@ import time
 import pytest
 
 import netns
-from antdt_tf.procutil import child_env
 
 pytestmark = pytest.mark.slow
 LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
@@ -31,29 +30,8 @@ def hosts(tmp_path, monkeypatch):
         pytest.skip(why)
     monkeypatch.setenv("ANTDT_JOB_TOKEN", secrets.token_hex(16))
     with netns.NetnsHosts(3) as net:
-        port_file = tmp_path / "master.port"
-        log = open(tmp_path / "cluster.log", "wb")
-        net.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "antdt_tf.master", f"--bind={netns.BRIDGE_ADDRESS}",
-             "--port=0", f"--port_file={port_file}", f"--state_dir={tmp_path / 'master'}",
-             "--straggler_window_seconds=3", "--straggler_persistent_after_seconds=2"],
-            stdout=log, stderr=log, start_new_session=True, env=child_env()))
-        deadline = time.monotonic() + 60
-        while not port_file.exists():
-            assert time.monotonic() < deadline, (tmp_path / "cluster.log").read_text()
-            time.sleep(0.05)
-        master = f"{netns.BRIDGE_ADDRESS}:{port_file.read_text().strip()}"
-        for i, address in enumerate(net.addresses):
-            (tmp_path / f"h{i}").mkdir()
-            net.popen(i, [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=h{i}",
-                          f"--bind={address}", f"--advertise={address}", "--port=7471",
-                          f"--master={master}", "--report_seconds=0.5",
-                          "--task_ports=21000-21999", f"--task_log_dir={tmp_path / f'h{i}'}"],
-                      stdout=log, stderr=log, env=child_env())
-        try:
-            yield net, master
-        finally:
-            log.close()
+        yield net, netns.start_antdt_cluster(net, tmp_path, "--straggler_window_seconds=3",
+                                             "--straggler_persistent_after_seconds=2")
 
 
 def launch_cmd(tmp_path, master, *flags, records):
@@ -119,3 +97,23 @@ def test_losing_a_host_relaunches_its_tasks_elsewhere_exactly_once(hosts, tmp_pa
         report["failures"]
     assert report["coordinator"]["restored_from"]
     assert report["audit"]["applied_1"] == report["records"] == records, report["audit"]
+
+
+def test_a_persistent_straggler_moves_to_another_host_exactly_once(hosts, tmp_path):
+    """AntDT-ND relaunches the x4-slowed worker on another host: a new address, so the
+    chief restarts with the new cluster and restores; every record still once."""
+    net, master = hosts
+    proc = subprocess.Popen(launch_cmd(tmp_path, master, "--num_ps=1", "--num_workers=2",
+                                       "--policy=antdt-nd", "--relaunch_cost_seconds=1",
+                                       "--min_gain_seconds=0.5",
+                                       "--inject=slow:worker:1:x4@0s", records=400_000),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    report, out = finish(proc, tmp_path)
+    moves = [a for a in report["actions"] if a["action"] == "RelaunchWorker"]
+    assert len(moves) == 1, (report["actions"], report["health"], report["events"])
+    act = moves[0]
+    assert (act["job"], act["index"]) == ("worker", 1) and act["from_host"] != act["to_host"]
+    assert "recovered_after_s" in act
+    assert any("worker:1 moved to 198.18.0." in ev["event"] for ev in report["events"])
+    assert report["restarts"].get("chief:0", 0) >= 1 and report["coordinator"]["restored_from"]
+    assert report["audit"]["applied_1"] == report["records"], report["audit"]

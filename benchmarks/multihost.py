@@ -1,0 +1,185 @@
+"""Jobs across real hosts: what losing a host and moving a task cost, and scenario 2 on
+the agents backend beside the local one, in one run.
+
+Usage (as root: the hosts are network namespaces)::
+
+    python -m benchmarks.multihost [--records=600000] [--loss_records=600000]
+        [--out=benchmarks/results/multihost.md]
+
+Hosts: three network namespaces with their own addresses in 198.18.0.0/24 (our own test
+hosts, ``tests/netns.py``), an ``antdt-agent`` on each registered with a master on the
+bridge address, the job token on every call; ``antdt-launch --backend=agents`` places
+the tasks. A fresh master and agents per job.
+
+1. **Host loss**: 2 PS + 2 workers; at a third of the records every process of host h0
+   (its agent, the chief, ps:0 and worker:1) is SIGKILLed at once. Measured from the
+   master: the time from the kill to the master counting new records again (the chief
+   restored the last checkpoint, so the count first drops back to it), the records
+   trained again since that checkpoint, and the audit (every record once).
+2. **Scenario 2** (persistent worker straggler, worker 2 at 1/4 speed from 3 s, 1 PS + 3
+   workers), ``static`` vs ``antdt-nd``, on the local backend (simulated hosts on
+   loopback: a moved worker keeps its address, TF re-joins it) and on the agents
+   backend (a moved worker gets another host's address: the chief restarts with the
+   new cluster and restores). The move's cost is the action's ``recovered_after_s``
+   (old worker killed -> the new one trains) plus its start-up (``standby_seconds``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import netns  # noqa: E402  (the namespace hosts the tests use)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("records", 600_000, "Training records of the scenario-2 jobs.")
+flags.DEFINE_integer("loss_records", 600_000, "Training records of the host-loss job.")
+flags.DEFINE_string("out", "benchmarks/results/multihost.md", "Results table (markdown).")
+
+LAUNCH = [sys.executable, "-m", "antdt_tf.launch"]
+MONITOR = ("--straggler_window_seconds=4", "--straggler_persistent_after_seconds=4")
+
+
+def _launch(workdir: pathlib.Path, data: str, *flags_: str) -> subprocess.Popen:
+    cmd = LAUNCH + [f"--data={data}", "--eval_data=", "--audit", "--progress=false",
+                    "--checkpoint_every_seconds=5", f"--workdir={workdir}",
+                    f"--report_json={workdir / 'report.json'}", "--timeout_seconds=600",
+                    *flags_]
+    log = open(workdir.parent / f"{workdir.name}.log", "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def _report(proc: subprocess.Popen, workdir: pathlib.Path) -> dict:
+    proc.wait(900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"job failed; see {workdir.parent / (workdir.name + '.log')}")
+    return json.loads((workdir / "report.json").read_text())
+
+
+def scenario2(tmp: pathlib.Path, data: str, backend: str, policy: str) -> dict:
+    workdir = tmp / f"s2-{backend}-{policy}"
+    common = ["--num_ps=1", "--num_workers=3", f"--policy={policy}", *MONITOR,
+              "--relaunch_cost_seconds=10", "--inject=slow:worker:2:x4@3s"]
+    if backend == "local":
+        return _report(_launch(workdir, data, *common), workdir)
+    with netns.NetnsHosts(3) as net:
+        master = netns.start_antdt_cluster(net, tmp / f"cluster-{backend}-{policy}", *MONITOR)
+        return _report(_launch(workdir, data, "--backend=agents", f"--master={master}",
+                               "--num_hosts=3", *common), workdir)
+
+
+def host_loss(tmp: pathlib.Path, data: str, records: int) -> dict:
+    from antdt_tf.sharding.client import ShardingClient
+
+    workdir = tmp / "loss"
+    with netns.NetnsHosts(3) as net:
+        master = netns.start_antdt_cluster(net, tmp / "cluster-loss")
+        proc = _launch(workdir, data, "--backend=agents", f"--master={master}",
+                       "--num_hosts=3", "--num_ps=2", "--num_workers=2", "--policy=dynamic",
+                       "--host_timeout_seconds=3")
+        samples: list[tuple[float, int]] = []
+        with ShardingClient(master, timeout=10) as admin:
+            while proc.poll() is None:
+                try:
+                    done = admin.progress("train").datasets[0].records_done_total
+                except Exception:     # not registered yet, or a slow answer
+                    time.sleep(0.1)
+                    continue
+                samples.append((time.monotonic(), done))
+                if done >= records // 3:
+                    break
+                time.sleep(0.05)
+            killed_at, at_kill = time.monotonic(), samples[-1][1]
+            net.kill_host(0)
+            # the surviving worker may still report its closure; then the restarted chief
+            # restores the last checkpoint (the count drops back to it): training has
+            # resumed when the count grows again after that drop
+            prev, high, low, resumed = at_kill, at_kill, None, None
+            while proc.poll() is None and resumed is None:
+                try:
+                    done = admin.progress("train").datasets[0].records_done_total
+                except Exception:
+                    time.sleep(0.1)
+                    continue
+                if low is None:
+                    high = max(high, done)
+                    if done < prev:
+                        low = done
+                elif done < low:
+                    low = done
+                elif done > low:
+                    resumed = time.monotonic()
+                prev = done
+                time.sleep(0.05)
+        report = _report(proc, workdir)
+    return {"report": report, "resumed_after_s": (resumed - killed_at) if resumed else None,
+            "redone_records": (high - low) if low is not None else 0, "at_kill": at_kill}
+
+
+def main(argv):
+    del argv
+    ok, why = netns.available()
+    if not ok:
+        raise app.UsageError(f"this benchmark needs network namespaces: {why}")
+    os.environ.setdefault("ANTDT_JOB_TOKEN", secrets.token_hex(16))
+    from antdt_tf.launch import generate_data
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="antdt-multihost-"))
+    data, _ = generate_data(tmp, max(FLAGS.records, FLAGS.loss_records), 0, seed=1)
+    rows = {}
+    loss = host_loss(tmp, data, FLAGS.loss_records)
+    print(f"host loss: resumed after {loss['resumed_after_s']}", flush=True)
+    for backend in ("local", "agents"):
+        for policy in ("static", "antdt-nd"):
+            rows[backend, policy] = scenario2(tmp, data, backend, policy)
+            print(backend, policy, rows[backend, policy]["jct_seconds"], flush=True)
+
+    r = loss["report"]
+    lines = [f"# Multi-host runs ({time.strftime('%Y-%m-%d')}, `python -m benchmarks.multihost`)",
+             "", "Three network-namespace hosts (198.18.0.0/24), one agent each, the master on "
+             "the bridge address, job token on; one round (this machine's speed drifts "
+             "±20 % between runs); job sizes in the module docstring.", "",
+             "## Losing a host", "",
+             "| what | value |", "|---|---|",
+             f"| records | {r['records']:,} (2 PS + 2 workers, h0 = chief + ps:0 + worker:1) |",
+             f"| killed at | {loss['at_kill']:,} records done |",
+             f"| kill -> the master counts new records | "
+             f"{loss['resumed_after_s']:.1f} s |" if loss["resumed_after_s"] else
+             "| kill -> the master counts new records | (not seen) |",
+             f"| records trained again (since the restored checkpoint) | "
+             f"{loss['redone_records']:,} |",
+             f"| JCT | {r['jct_seconds']:.1f} s |",
+             f"| audit | applied once: {r['audit']['applied_1']:,} of {r['records']:,}, "
+             f"0x: {r['audit']['applied_0']}, 2+x: {r['audit']['applied_2plus']} |", "",
+             "## Scenario 2 (persistent worker straggler) per backend", "",
+             "| backend | policy | JCT (s) | vs static | move: start-up (s) | move: "
+             "old killed -> new trains (s) | audit exact |", "|---|---|---|---|---|---|---|"]
+    for backend in ("local", "agents"):
+        static = rows[backend, "static"]["jct_seconds"]
+        for policy in ("static", "antdt-nd"):
+            rep = rows[backend, policy]
+            moves = [a for a in rep["actions"] if a["action"] == "RelaunchWorker"]
+            start = "; ".join(f"{a.get('standby_seconds', float('nan')):.1f}" for a in moves)
+            back = "; ".join(f"{a.get('recovered_after_s', float('nan')):.1f}" for a in moves)
+            exact = rep["audit"]["applied_1"] == rep["records"]
+            lines.append(f"| {backend} | {policy} | {rep['jct_seconds']:.1f} | "
+                         f"{static / rep['jct_seconds']:.2f}x | {start or '-'} | "
+                         f"{back or '-'} | {'yes' if exact else 'NO'} |")
+    out = pathlib.Path(FLAGS.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    app.run(main)
