@@ -81,6 +81,31 @@ def check_exposure(bind: str, token: str, allow_unauthenticated: bool, program: 
         f"job, or bind 127.0.0.1, or pass --{OPT_OUT_FLAG} on a network you trust.")
 
 
+def define_server_flags(what: str) -> None:
+    """``--token_file`` and ``--allow_unauthenticated_network_access`` for a server
+    binary (call once at its import); ``what``: what an intruder could do."""
+    from absl import flags
+
+    flags.DEFINE_string("token_file", "", "File holding the job's token (default: "
+                        f"${TOKEN_ENV}). With a token every call must carry it.")
+    flags.DEFINE_boolean(OPT_OUT_FLAG, False, "Serve beyond loopback without a token: "
+                         f"anyone who reaches the port {what}.")
+
+
+def server_token(bind: str, program: str) -> str:
+    """The token a server binary enforces (from its flags); refuses (absl UsageError) to
+    serve beyond loopback without one unless the user opted out."""
+    from absl import app, flags
+
+    values = flags.FLAGS
+    try:
+        token = job_token(values.token_file)
+        check_exposure(bind, token, getattr(values, OPT_OUT_FLAG), program)
+    except InsecureBind as e:
+        raise app.UsageError(str(e)) from e
+    return token
+
+
 def _allowed(method: str, metadata, token: str) -> bool:
     if method.startswith(OPEN_METHOD_PREFIXES):
         return True

@@ -95,6 +95,20 @@ def stand_by(ready_file: str, address: str, timeout: float, name: str) -> None:
     wait_until_free(address, timeout)
 
 
+def wait_for_port_file(proc, port_file, timeout: float, what: str, log_path) -> int:
+    """The port a starting server (``proc``) wrote to ``port_file``; RuntimeError naming
+    its log if it exits or takes longer than ``timeout``."""
+    import pathlib
+
+    port_file = pathlib.Path(port_file)
+    deadline = time.monotonic() + timeout
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start; see {log_path}")
+        time.sleep(0.05)
+    return int(port_file.read_text())
+
+
 def start_master(workdir, *flags: str, timeout: float = 60.0):
     """Starts an ``antdt-master`` process on a free loopback port, state in
     ``workdir/state``, log in ``workdir/master.log``; returns ``(process, address)``
@@ -109,9 +123,5 @@ def start_master(workdir, *flags: str, timeout: float = 60.0):
             [sys.executable, "-m", "antdt_tf.master", "--port=0", f"--port_file={port_file}",
              f"--state_dir={workdir / 'state'}", *flags], stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env=child_env())
-    deadline = time.monotonic() + timeout
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"antdt-master did not start; see {workdir / 'master.log'}")
-        time.sleep(0.05)
-    return proc, f"127.0.0.1:{int(port_file.read_text())}"
+    port = wait_for_port_file(proc, port_file, timeout, "antdt-master", workdir / "master.log")
+    return proc, f"127.0.0.1:{port}"

@@ -179,7 +179,7 @@ def start_antdt_cluster(net: NetnsHosts, workdir, *master_flags: str,
     import pathlib
     import sys
 
-    from antdt_tf.procutil import child_env
+    from antdt_tf.procutil import child_env, wait_for_port_file
 
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -189,12 +189,9 @@ def start_antdt_cluster(net: NetnsHosts, workdir, *master_flags: str,
         [sys.executable, "-m", "antdt_tf.master", f"--bind={BRIDGE_ADDRESS}", "--port=0",
          f"--port_file={port_file}", f"--state_dir={workdir / 'master'}", *master_flags],
         stdout=log, stderr=log, start_new_session=True, env=child_env()))
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the master did not start: {workdir / 'cluster.log'}")
-        time.sleep(0.05)
-    master = f"{BRIDGE_ADDRESS}:{port_file.read_text().strip()}"
+    port = wait_for_port_file(net.procs[-1], port_file, 60, "antdt-master",
+                              workdir / "cluster.log")
+    master = f"{BRIDGE_ADDRESS}:{port}"
     for i, address in enumerate(net.addresses):
         (workdir / f"h{i}").mkdir(exist_ok=True)
         net.popen(i, [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=h{i}",

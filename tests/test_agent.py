@@ -18,7 +18,8 @@ from antdt_tf.monitor.client import MonitorClient
 from antdt_tf.procutil import child_env
 from antdt_tf.proto import cluster_pb2 as cpb
 from antdt_tf.proto import cluster_pb2_grpc as cpb_grpc
-from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+from antdt_tf.master.server import BackgroundMaster
+from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState
 
 AGENT_BIN = str(pathlib.Path(sys.executable).parent / "antdt-agent")

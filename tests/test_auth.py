@@ -14,7 +14,8 @@ from antdt_tf.agent.client import AgentClient
 from antdt_tf.errors import AntdtError
 from antdt_tf.sharding.client import ShardingClient
 from antdt_tf.sharding.plan import DataFile, DatasetSpec
-from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+from antdt_tf.master.server import BackgroundMaster
+from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState
 
 TOKEN = "s3cret-job-token"

@@ -20,7 +20,7 @@ def test_pure_cores_import_no_framework(module):
 
 
 def test_service_layer_imports_no_tensorflow():
-    code = ("import sys, json, antdt_tf.sharding.client, antdt_tf.master, "
+    code = ("import sys, json, antdt_tf.sharding.client, antdt_tf.master.__main__, "
             "antdt_tf.monitor.view, antdt_tf.monitor.service; "
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -62,3 +62,33 @@ def test_children_die_with_their_parent(tmp_path):
             return
         time.sleep(0.05)
     pytest.fail("the child outlived its parent")
+
+
+def test_imports_point_one_way():
+    """core state -> services -> master -> launcher: the services never import the master
+    or the launcher, and the shared RPC plumbing imports no service (no cycles)."""
+    import ast
+    import pathlib
+
+    pkg = pathlib.Path(__file__).resolve().parent.parent / "antdt_tf"
+
+    def imported(path):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                yield node.module
+            elif isinstance(node, ast.Import):
+                yield from (a.name for a in node.names)
+
+    rules = {("sharding", "monitor", "backends", "controller", "agent"):
+             ("antdt_tf.master", "antdt_tf.launcher", "antdt_tf.launch"),
+             ("rpc.py", "auth.py", "errors.py"):
+             ("antdt_tf.sharding", "antdt_tf.monitor", "antdt_tf.master", "antdt_tf.launch")}
+    bad = []
+    for places, forbidden in rules.items():
+        for place in places:
+            files = [pkg / place] if place.endswith(".py") else sorted((pkg / place).glob("*.py"))
+            for f in files:
+                bad += [f"{f.relative_to(pkg)} imports {m}" for m in imported(f)
+                        if m.startswith(forbidden)]
+    assert not bad, bad

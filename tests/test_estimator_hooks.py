@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from antdt_tf.sharding.client import ShardingClient
-from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+from antdt_tf.master.server import BackgroundMaster
+from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState
 from jobs import Tf1Job, train_progress, wait_until, write_data
 

@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("tensorflow_estimator", reason="needs TF 2.15's venv: make venv-tf215")
 
 from antdt_tf.sharding.client import ShardingClient  # noqa: E402
-from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer  # noqa: E402
+from antdt_tf.master.server import BackgroundMaster  # noqa: E402
+from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState  # noqa: E402
 from jobs import Tf1Job, train_progress, wait_until, write_data  # noqa: E402
 

@@ -202,7 +202,8 @@ def test_the_master_judges_workers_from_their_step_reports():
     from antdt_tf.proto import cluster_pb2 as cpb
     from antdt_tf.sharding.client import ShardingClient
     from antdt_tf.sharding.plan import DatasetSpec
-    from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+    from antdt_tf.master.server import BackgroundMaster
+    from antdt_tf.sharding.service import ShardingServicer
     from antdt_tf.sharding.state import ShardState
     from antdt_tf.tf import pull
 

@@ -11,7 +11,8 @@ import pytest
 from antdt_tf.data import criteo, records
 from antdt_tf.sharding.client import ShardingClient
 from antdt_tf.sharding.plan import DataFile, DatasetSpec
-from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+from antdt_tf.master.server import BackgroundMaster
+from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState
 from antdt_tf.tf.local_cluster import LocalCluster, run_local_job
 

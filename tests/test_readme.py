@@ -3,7 +3,9 @@
 import pathlib
 import re
 
-from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+from antdt_tf.master.server import BackgroundMaster
+
+from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"

@@ -8,7 +8,8 @@ from antdt_tf import errors
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.client import ShardingClient, Task
 from antdt_tf.sharding.plan import DatasetSpec
-from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer
+from antdt_tf.master.server import BackgroundMaster
+from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import LeaseConfig, ShardState
 from antdt_tf.sharding.store import StateStore, open_state
 

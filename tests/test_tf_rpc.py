@@ -14,7 +14,8 @@ import tensorflow as tf  # noqa: E402
 from antdt_tf.proto import tf_rpc_pb2 as tpb  # noqa: E402
 from antdt_tf.sharding.client import ShardingClient  # noqa: E402
 from antdt_tf.sharding.plan import DatasetSpec  # noqa: E402
-from antdt_tf.sharding.service import BackgroundMaster, ShardingServicer  # noqa: E402
+from antdt_tf.master.server import BackgroundMaster  # noqa: E402
+from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState  # noqa: E402
 from antdt_tf.tf import pull  # noqa: E402
 

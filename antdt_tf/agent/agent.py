@@ -36,11 +36,12 @@ import grpc
 from absl import app, flags
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from antdt_tf import auth
 from antdt_tf.agent.supervisor import TaskSupervisor
 from antdt_tf.errors import AntdtError
 from antdt_tf.proto import cluster_pb2 as cpb
 from antdt_tf.errors import ERROR_METADATA_KEY
-from antdt_tf.sharding.service import SERVER_OPTIONS, status_of
+from antdt_tf.rpc import SERVER_OPTIONS, status_of
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("host_name", "localhost", "Name of the host this agent represents.")
@@ -55,10 +56,7 @@ flags.DEFINE_string("advertise", "", "The address of this host that other hosts 
                     "its tasks at (task endpoints); default: the --bind address.")
 flags.DEFINE_string("task_ports", "20000-29999", "FIRST-LAST: ports this host's tasks may "
                     "serve on (the master picks one per task).")
-flags.DEFINE_string("token_file", "", "File holding the job's token (default: "
-                    "$ANTDT_JOB_TOKEN). With a token every call must carry it.")
-flags.DEFINE_boolean("allow_unauthenticated_network_access", False, "Serve beyond loopback "
-                     "without a token: anyone who reaches the port runs programs here.")
+auth.define_server_flags("runs programs on this host")
 flags.DEFINE_string("estimator_python", "", "Interpreter for tf.estimator programs (a TF 2.15 "
                     "venv, e.g. .venv-tf215/bin/python); default: this agent's Python.")
 
@@ -163,14 +161,7 @@ def main(argv):
     if FLAGS.report_seconds <= 0:
         raise app.UsageError("--report_seconds must be > 0")
     task_ports = parse_port_range(FLAGS.task_ports)
-    from antdt_tf import auth
-
-    try:
-        token = auth.job_token(FLAGS.token_file)
-        auth.check_exposure(FLAGS.bind, token, FLAGS.allow_unauthenticated_network_access,
-                            "antdt-agent")
-    except auth.InsecureBind as e:
-        raise app.UsageError(str(e)) from e
+    token = auth.server_token(FLAGS.bind, "antdt-agent")
     if token:   # our clients (the report to the master) and our tasks carry it
         os.environ[auth.TOKEN_ENV] = token
     logging.basicConfig(level=logging.INFO,

@@ -13,11 +13,10 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 from antdt_tf.backends.agents import AgentsBackend, StaticHosts
 from antdt_tf.backends.base import Capabilities
-from antdt_tf.procutil import child_env
+from antdt_tf.procutil import child_env, wait_for_port_file
 
 
 class LocalBackend(AgentsBackend):
@@ -55,12 +54,9 @@ class LocalBackend(AgentsBackend):
             proc = self.procs[name] = subprocess.Popen(
                 args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                 start_new_session=True, env=child_env())
-        deadline = time.monotonic() + timeout
-        while not port_file.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"agent {name} did not start; see {host_dir / 'agent.log'}")
-            time.sleep(0.05)
-        return f"127.0.0.1:{port_file.read_text().strip()}"
+        port = wait_for_port_file(proc, port_file, timeout, f"agent {name}",
+                                  host_dir / "agent.log")
+        return f"127.0.0.1:{port}"
 
     def endpoint(self, job: str, index: int, host: str) -> str:
         """The task's own loopback port, the same on every simulated host."""

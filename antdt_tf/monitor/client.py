@@ -54,6 +54,16 @@ class MonitorClient:
                                  for i, ms in sorted((ps_latency_ms or {}).items()))
         return self._call("ReportTrainer", report, wait=False).accepted
 
+    def set_job_cluster(self, version: int, spec: dict) -> cpb.JobCluster:
+        """Publishes the job's TF addresses (``{"chief": [...], "ps": [...], "worker":
+        [...]}``); returns the cluster in force (a stale version is not applied)."""
+        return self._call("SetJobCluster", cpb.JobCluster(
+            version=version, chief=spec["chief"], ps=spec["ps"], worker=spec["worker"]),
+            wait=True)
+
+    def job_cluster(self) -> cpb.JobCluster:
+        return self._call("GetJobCluster", cpb.GetJobClusterRequest(), wait=True)
+
     def status(self) -> cpb.ClusterStatus:
         return self._call("GetClusterStatus", cpb.ClusterStatusRequest(), wait=True)
 

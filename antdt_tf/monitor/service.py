@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from antdt_tf.monitor.view import ClusterView
+from antdt_tf.rpc import unary_handlers
 from antdt_tf.proto import cluster_pb2 as cpb
 
 
@@ -23,9 +24,13 @@ class ClusterMonitorServicer:
     def GetClusterStatus(self, req: cpb.ClusterStatusRequest) -> cpb.ClusterStatus:
         return self.view.status()
 
-    def generic_handler(self) -> grpc.GenericRpcHandler:
-        from antdt_tf.sharding.service import unary_handlers
+    def SetJobCluster(self, req: cpb.JobCluster) -> cpb.JobCluster:
+        return self.view.set_job_cluster(req)
 
+    def GetJobCluster(self, req: cpb.GetJobClusterRequest) -> cpb.JobCluster:
+        return self.view.job_cluster()
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
         service = cpb.DESCRIPTOR.services_by_name["ClusterMonitor"]
         return grpc.method_handlers_generic_handler(
             self.SERVICE_NAME, unary_handlers(service, self))

@@ -12,9 +12,12 @@ every worker's step reports into it, the trainer's reports bring the PS probe la
 
 from __future__ import annotations
 
+import os
 import time
 
-from antdt_tf.errors import InvalidRequest
+from google.protobuf.message import DecodeError
+
+from antdt_tf.errors import CorruptState, InvalidRequest
 from antdt_tf.monitor.straggler import (DETERMINISTIC, NORMAL, PERSISTENT, TRANSIENT,
                                         StragglerClassifier, StragglerConfig)
 from antdt_tf.proto import cluster_pb2 as cpb
@@ -33,9 +36,20 @@ def _check_task(ref: cpb.TaskRef) -> None:
 
 
 class ClusterView:
-    def __init__(self, clock=time.time, straggler: StragglerConfig = StragglerConfig()):
+    def __init__(self, clock=time.time, straggler: StragglerConfig = StragglerConfig(),
+                 cluster_file: str = ""):
         self._clock = clock
         self._agents: dict[str, cpb.AgentReport] = {}
+        # the job's TF addresses (SetJobCluster), kept in cluster_file so that a
+        # restarted master still knows them
+        self._cluster_file = cluster_file
+        self._cluster = cpb.JobCluster()
+        if cluster_file and os.path.exists(cluster_file):
+            try:
+                with open(cluster_file, "rb") as f:
+                    self._cluster.ParseFromString(f.read())
+            except (OSError, DecodeError) as e:
+                raise CorruptState(f"{cluster_file}: cannot read the job cluster: {e}") from e
         self._trainer: cpb.TrainerReport | None = None
         self.classifier = StragglerClassifier(straggler)
 
@@ -86,6 +100,29 @@ class ClusterView:
         for p in report.ps_latency:
             self.classifier.observe_ps_latency(p.ps, kept.unix_time, p.latency_ms)
         return True
+
+    def set_job_cluster(self, cluster: cpb.JobCluster) -> cpb.JobCluster:
+        if cluster.version < 1:
+            raise InvalidRequest(f"JobCluster.version must be >= 1, got {cluster.version}")
+        if not cluster.chief or not cluster.ps or not cluster.worker:
+            raise InvalidRequest("JobCluster needs chief, ps and worker addresses")
+        if any(not a or ":" not in a for a in (*cluster.chief, *cluster.ps, *cluster.worker)):
+            raise InvalidRequest("every JobCluster address must be host:port")
+        if cluster.version <= self._cluster.version:
+            return self._cluster            # stale: the one in force
+        if self._cluster_file:
+            tmp = f"{self._cluster_file}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(cluster.SerializeToString())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._cluster_file)
+        self._cluster = cpb.JobCluster()
+        self._cluster.CopyFrom(cluster)
+        return self._cluster
+
+    def job_cluster(self) -> cpb.JobCluster:
+        return self._cluster
 
     def tick(self) -> None:
         """Judge now (the master calls this every tick): a slow episode's start is

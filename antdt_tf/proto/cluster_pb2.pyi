@@ -188,6 +188,22 @@ class ClusterStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class JobCluster(_message.Message):
+    __slots__ = ("version", "chief", "ps", "worker")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHIEF_FIELD_NUMBER: _ClassVar[int]
+    PS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    chief: _containers.RepeatedScalarFieldContainer[str]
+    ps: _containers.RepeatedScalarFieldContainer[str]
+    worker: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[int] = ..., chief: _Optional[_Iterable[str]] = ..., ps: _Optional[_Iterable[str]] = ..., worker: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetJobClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class TaskHealth(_message.Message):
     __slots__ = ("task", "straggler_class", "slowness", "step_seconds", "records_per_second", "latency_ms", "slow_since_unix", "samples", "incarnation")
     class StragglerClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):

@@ -190,6 +190,16 @@ class ClusterMonitorStub(object):
                 request_serializer=antdt_dot_v1_dot_cluster__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=antdt_dot_v1_dot_cluster__pb2.ClusterStatus.FromString,
                 )
+        self.SetJobCluster = channel.unary_unary(
+                '/antdt.v1.ClusterMonitor/SetJobCluster',
+                request_serializer=antdt_dot_v1_dot_cluster__pb2.JobCluster.SerializeToString,
+                response_deserializer=antdt_dot_v1_dot_cluster__pb2.JobCluster.FromString,
+                )
+        self.GetJobCluster = channel.unary_unary(
+                '/antdt.v1.ClusterMonitor/GetJobCluster',
+                request_serializer=antdt_dot_v1_dot_cluster__pb2.GetJobClusterRequest.SerializeToString,
+                response_deserializer=antdt_dot_v1_dot_cluster__pb2.JobCluster.FromString,
+                )
 
 
 class ClusterMonitorServicer(object):
@@ -213,6 +223,18 @@ class ClusterMonitorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetJobCluster(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobCluster(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterMonitorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -230,6 +252,16 @@ def add_ClusterMonitorServicer_to_server(servicer, server):
                     servicer.GetClusterStatus,
                     request_deserializer=antdt_dot_v1_dot_cluster__pb2.ClusterStatusRequest.FromString,
                     response_serializer=antdt_dot_v1_dot_cluster__pb2.ClusterStatus.SerializeToString,
+            ),
+            'SetJobCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetJobCluster,
+                    request_deserializer=antdt_dot_v1_dot_cluster__pb2.JobCluster.FromString,
+                    response_serializer=antdt_dot_v1_dot_cluster__pb2.JobCluster.SerializeToString,
+            ),
+            'GetJobCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobCluster,
+                    request_deserializer=antdt_dot_v1_dot_cluster__pb2.GetJobClusterRequest.FromString,
+                    response_serializer=antdt_dot_v1_dot_cluster__pb2.JobCluster.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -289,5 +321,39 @@ class ClusterMonitor(object):
         return grpc.experimental.unary_unary(request, target, '/antdt.v1.ClusterMonitor/GetClusterStatus',
             antdt_dot_v1_dot_cluster__pb2.ClusterStatusRequest.SerializeToString,
             antdt_dot_v1_dot_cluster__pb2.ClusterStatus.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SetJobCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/antdt.v1.ClusterMonitor/SetJobCluster',
+            antdt_dot_v1_dot_cluster__pb2.JobCluster.SerializeToString,
+            antdt_dot_v1_dot_cluster__pb2.JobCluster.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetJobCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/antdt.v1.ClusterMonitor/GetJobCluster',
+            antdt_dot_v1_dot_cluster__pb2.GetJobClusterRequest.SerializeToString,
+            antdt_dot_v1_dot_cluster__pb2.JobCluster.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

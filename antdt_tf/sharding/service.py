@@ -1,10 +1,8 @@
 """The gRPC face of the sharding service: a thin servicer over :class:`ShardState`.
 
-Handlers validate, call the core, persist through the store and map domain errors to
-status codes in one place (``ERROR_CODES``). The error's class name travels in the
-``antdt-error`` trailing metadata so clients re-raise the same type without parsing
-messages. Requests that do not even parse are answered INVALID_ARGUMENT (gRPC's own
-deserializer would answer INTERNAL).
+Handlers validate, call the core, persist through the store; domain errors become
+status codes in one place (``antdt_tf.rpc``). The master's server composes this
+service with the others (``antdt_tf.master.server``).
 
 The server is ``grpc.aio``: one event loop owns the state, so no lock is needed and the
 journal is written in the same order the events are applied.
@@ -12,18 +10,14 @@ journal is written in the same order the events are applied.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Callable, Optional
+from typing import Optional
 
 import grpc
 from google.protobuf import message_factory
-from google.protobuf.message import DecodeError
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, DatasetConflict,
-                             IncompatibleState, InvalidRequest, LeaseNotHeld, StaleGeneration,
-                             StaleIncarnation, TaskAlreadyRunning, UnknownDataset, UnknownTask)
+from antdt_tf.errors import AntdtError, InvalidRequest
+from antdt_tf.rpc import Malformed, lenient_parser, status_of, unary_handlers
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.state import ShardState, spec_from_proto
 from antdt_tf.sharding.store import StateStore
@@ -31,40 +25,6 @@ from antdt_tf.sharding.store import StateStore
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "antdt.v1.ShardingService"
-ERROR_CODES: dict[type, grpc.StatusCode] = {
-    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    UnknownDataset: grpc.StatusCode.NOT_FOUND,
-    UnknownTask: grpc.StatusCode.NOT_FOUND,
-    DatasetConflict: grpc.StatusCode.ALREADY_EXISTS,
-    StaleIncarnation: grpc.StatusCode.FAILED_PRECONDITION,
-    LeaseNotHeld: grpc.StatusCode.FAILED_PRECONDITION,
-    IncompatibleState: grpc.StatusCode.FAILED_PRECONDITION,
-    TaskAlreadyRunning: grpc.StatusCode.FAILED_PRECONDITION,
-    StaleGeneration: grpc.StatusCode.FAILED_PRECONDITION,
-}
-
-
-# so_reuseport=0: a second master on the same port fails instead of sharing it.
-SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.http2.bdp_probe", 0),
-                  ("grpc.enable_channelz", 0)]
-
-
-class _Malformed:
-    """Stands in for a request whose bytes did not parse."""
-
-    def __init__(self, error: str):
-        self.error = error
-
-
-def _lenient_parser(cls):
-    def parse(data: bytes):
-        msg = cls()
-        try:
-            msg.ParseFromString(data)
-        except DecodeError as e:
-            return _Malformed(f"{e}")
-        return msg
-    return parse
 
 
 class ShardingServicer:
@@ -160,7 +120,7 @@ class ShardingServicer:
 
     def stream_call(self, request) -> pb.ShardStreamResponse:
         """Answers one ShardStream message exactly as the unary call would."""
-        if isinstance(request, _Malformed):
+        if isinstance(request, Malformed):
             return pb.ShardStreamResponse(error=pb.CallError(
                 code=grpc.StatusCode.INVALID_ARGUMENT.value[0], type="InvalidRequest",
                 message=f"malformed request: {request.error}"))
@@ -192,27 +152,6 @@ class ShardingServicer:
             self.store.sync()
 
 
-def status_of(error: AntdtError) -> grpc.StatusCode:
-    return next((c for t, c in ERROR_CODES.items() if isinstance(error, t)),
-                grpc.StatusCode.INTERNAL)
-
-
-def _aio_handler(fn: Callable, after: Callable[[], None]):
-    async def handle(request, context: grpc.aio.ServicerContext):
-        if isinstance(request, _Malformed):
-            context.set_trailing_metadata(((ERROR_METADATA_KEY, "InvalidRequest"),))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"malformed request: {request.error}")
-        try:
-            response = fn(request)
-        except AntdtError as e:
-            context.set_trailing_metadata(((ERROR_METADATA_KEY, type(e).__name__),))
-            await context.abort(status_of(e), str(e))
-        after()
-        return response
-    return handle
-
-
 def _stream_handler(servicer: "ShardingServicer"):
     """ShardStream: read a call, answer it, repeat. Errors are answered in-stream
     (CallError) and the stream stays open; only the peer closes it."""
@@ -226,145 +165,12 @@ def _stream_handler(servicer: "ShardingServicer"):
     return handle
 
 
-def unary_handlers(service, servicer, after: Callable[[], None] = lambda: None) -> dict:
-    """gRPC handlers for the unary methods of ``service`` (a protobuf ServiceDescriptor)
-    implemented by the same-named methods of ``servicer``: lenient parsing, domain
-    errors mapped to status codes, ``after()`` once a call succeeded."""
-    handlers = {}
-    for method in service.methods:
-        if method.client_streaming or method.server_streaming:
-            continue
-        request_cls = message_factory.GetMessageClass(method.input_type)
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _aio_handler(getattr(servicer, method.name), after),
-            request_deserializer=_lenient_parser(request_cls),
-            response_serializer=lambda m: m.SerializeToString())
-    return handlers
-
-
 def generic_handler(servicer: ShardingServicer) -> grpc.GenericRpcHandler:
     service = pb.DESCRIPTOR.services_by_name["ShardingService"]
     handlers = unary_handlers(service, servicer, servicer.after_call)
     request_cls = message_factory.GetMessageClass(
         service.methods_by_name["ShardStream"].input_type)
     handlers["ShardStream"] = grpc.stream_stream_rpc_method_handler(
-        _stream_handler(servicer), request_deserializer=_lenient_parser(request_cls),
+        _stream_handler(servicer), request_deserializer=lenient_parser(request_cls),
         response_serializer=lambda m: m.SerializeToString())
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
-
-
-class MasterServer:
-    """The master's gRPC server: sharding service, cluster monitor, health service."""
-
-    def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
-                 tick_seconds: float = 0.5, monitor=None, token: str = ""):
-        from antdt_tf.monitor.service import ClusterMonitorServicer
-        from antdt_tf.monitor.view import ClusterView
-
-        self.servicer = servicer
-        from antdt_tf.sharding.tf_rpc import TfRpcServicer
-
-        self.monitor = monitor if monitor is not None else ClusterMonitorServicer(ClusterView())
-        self.tf_rpc = TfRpcServicer(servicer, on_step=self.monitor.view.observe_step,
-                                    token=token)
-        self.bind = bind
-        self.requested_port = port
-        self.tick_seconds = tick_seconds
-        self.token = token      # the job's token: every call but health checks needs it
-        self.port: Optional[int] = None
-        self._server: Optional[grpc.aio.Server] = None
-        self._health = health.aio.HealthServicer()
-        self._ticker: Optional[asyncio.Task] = None
-
-    @property
-    def address(self) -> str:
-        host = f"[{self.bind}]" if ":" in self.bind else self.bind
-        return f"{host}:{self.port}"
-
-    async def start(self) -> int:
-        from antdt_tf.auth import server_interceptors
-
-        self._server = grpc.aio.server(options=SERVER_OPTIONS,
-                                       interceptors=server_interceptors(self.token, aio=True))
-        self._server.add_generic_rpc_handlers((generic_handler(self.servicer),
-                                               self.monitor.generic_handler(),
-                                               self.tf_rpc.generic_handler()))
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        host = f"[{self.bind}]" if ":" in self.bind else self.bind
-        self.port = self._server.add_insecure_port(f"{host}:{self.requested_port}")
-        if not self.port:
-            raise OSError(f"cannot bind {host}:{self.requested_port}")
-        await self._server.start()
-        for name in ("", SERVICE_NAME, self.monitor.SERVICE_NAME):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
-        return self.port
-
-    async def _tick_loop(self):
-        while True:
-            await asyncio.sleep(self.tick_seconds)
-            self.servicer.tick()
-            self.monitor.view.tick()
-
-    async def wait_for_termination(self) -> None:
-        await self._server.wait_for_termination()
-
-    async def stop(self, grace: float = 5.0) -> None:
-        """Goes NOT_SERVING, drains in-flight calls for ``grace`` seconds, flushes state."""
-        if self._server is None:
-            return
-        await self._health.enter_graceful_shutdown()
-        await self._server.stop(grace)
-        if self._ticker is not None:
-            self._ticker.cancel()
-        store = self.servicer.store
-        if store is not None:
-            store.close(final_state=self.servicer.state.snapshot())
-        self._server = None
-
-
-class BackgroundMaster:
-    """Runs a :class:`MasterServer` on its own event-loop thread inside this process.
-
-    For embedding a master in a launcher, a demo or a test; a production master is the
-    ``antdt-master`` process. ``with BackgroundMaster(servicer) as m: m.address``.
-    """
-
-    def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
-                 tick_seconds: float = 0.5, monitor=None, token: str = ""):
-        import threading
-
-        self._loop = asyncio.new_event_loop()
-        self.server = MasterServer(servicer, bind=bind, port=port, tick_seconds=tick_seconds,
-                                   monitor=monitor, token=token)
-        self._thread = threading.Thread(target=self._loop.run_forever, name="antdt-master",
-                                        daemon=True)
-
-    @property
-    def address(self) -> str:
-        return self.server.address
-
-    def start(self) -> "BackgroundMaster":
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(timeout=30)
-        return self
-
-    def call(self, fn: Callable, *args):
-        """Runs ``fn(*args)`` on the server's loop (where the state lives) and returns it."""
-        async def _run():
-            return fn(*args)
-        return asyncio.run_coroutine_threadsafe(_run(), self._loop).result(timeout=30)
-
-    def stop(self, grace: float = 0.0) -> None:
-        if not self._thread.is_alive():
-            return
-        asyncio.run_coroutine_threadsafe(self.server.stop(grace), self._loop).result(timeout=60)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-        self._loop.close()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()

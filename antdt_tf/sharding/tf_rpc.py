@@ -60,6 +60,7 @@ import grpc
 
 from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, InvalidRequest, LeaseNotHeld,
                              StaleIncarnation)
+from antdt_tf.rpc import status_of
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.proto import tf_rpc_pb2 as tpb
 
@@ -264,8 +265,6 @@ class TfRpcServicer:
                "antdt.step": "step"}
 
     async def Call(self, raw: bytes, context: grpc.aio.ServicerContext):
-        from antdt_tf.sharding.service import status_of
-
         req = tpb.TfCallRequest()
         try:
             req.ParseFromString(raw)

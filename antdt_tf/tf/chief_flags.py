@@ -10,7 +10,11 @@ import time
 from absl import flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("cluster", None, "Cluster spec as JSON (needs a 'chief' job).")
+flags.DEFINE_string("cluster", "", "Cluster spec as JSON (needs a 'chief' job). Empty: "
+                    "the cluster the master publishes (antdt-launch does), so a chief that "
+                    "comes back after a task moved to another host gets its new address.")
+flags.DEFINE_float("cluster_wait_seconds", 120.0, "Without --cluster: wait this long for "
+                   "the master to have the job's cluster.")
 flags.DEFINE_string("master", None, "host:port of antdt-master.")
 flags.DEFINE_string("dataset", "train", "Registered dataset to train.")
 flags.DEFINE_integer("batch_size", 256, "Records per batch.")
@@ -39,6 +43,31 @@ flags.DEFINE_integer("worker_slots", 0, "Worker slots the job may scale to (size
                      "--cluster.")
 flags.DEFINE_integer("incarnation", -1, "This chief's incarnation for the master (-1: "
                      "milliseconds since the epoch, which grows with every relaunch).")
+
+
+def chief_cluster() -> dict:
+    """``--cluster``, or the job cluster the master publishes (``GetJobCluster``)."""
+    from absl import app
+
+    from antdt_tf.errors import AntdtError
+    from antdt_tf.monitor.client import MonitorClient
+    from antdt_tf.tf.cluster_spec import parse_chief_cluster_flag
+
+    if FLAGS.cluster:
+        return parse_chief_cluster_flag(FLAGS.cluster)
+    deadline = time.monotonic() + FLAGS.cluster_wait_seconds
+    with MonitorClient(FLAGS.master) as monitor:
+        while True:
+            try:
+                c = monitor.job_cluster()
+                if c.version > 0:
+                    return {"chief": list(c.chief), "ps": list(c.ps), "worker": list(c.worker)}
+            except AntdtError:
+                pass            # the master is restarting
+            if time.monotonic() > deadline:
+                raise app.UsageError(f"no --cluster, and the master at {FLAGS.master} had no "
+                                     f"job cluster within {FLAGS.cluster_wait_seconds:g}s")
+            time.sleep(0.2)
 
 
 def chief_incarnation() -> int:

@@ -22,7 +22,7 @@ import os
 from absl import app, flags
 
 from antdt_tf.tf import chief_flags
-from antdt_tf.tf.cluster_spec import make_strategy, parse_chief_cluster_flag
+from antdt_tf.tf.cluster_spec import make_strategy
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(chief_flags)   # --helpshort lists the shared flags
@@ -47,7 +47,7 @@ flags.DEFINE_string("tensorboard_dir", "", "Write the Monitor's view (per-worker
 def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    spec = parse_chief_cluster_flag(FLAGS.cluster)
+    spec = chief_flags.chief_cluster()
     import tensorflow as tf
 
     from antdt_tf.models.deepfm import DeepFM
@@ -226,7 +226,7 @@ def _leave(code: int, message: str = "") -> None:
 
 
 def run():
-    flags.mark_flags_as_required(["cluster", "master"])
+    flags.mark_flags_as_required(["master"])
     app.run(main)
 
 

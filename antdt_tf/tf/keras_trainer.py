@@ -17,7 +17,7 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"   # before TensorFlow is imported: tf.ke
 from absl import app, flags  # noqa: E402
 
 from antdt_tf.tf import chief_flags  # noqa: E402
-from antdt_tf.tf.cluster_spec import make_strategy, parse_chief_cluster_flag  # noqa: E402
+from antdt_tf.tf.cluster_spec import make_strategy  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(chief_flags)   # --helpshort lists the shared flags
@@ -31,7 +31,7 @@ flags.DEFINE_integer("steps_per_execution", 1, "Training steps per scheduled clo
 def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    spec = parse_chief_cluster_flag(FLAGS.cluster)
+    spec = chief_flags.chief_cluster()
     import tensorflow as tf
 
     from antdt_tf.models.keras_deepfm import build_keras_deepfm
@@ -109,7 +109,7 @@ def evaluate(tf, model, path: str, batch: int = 8192) -> dict:
 
 
 def run():
-    flags.mark_flags_as_required(["cluster", "master"])
+    flags.mark_flags_as_required(["master"])
     app.run(main)
 
 

@@ -34,8 +34,10 @@ import sys
 
 from absl import app, flags
 
+from antdt_tf import auth
 from antdt_tf.errors import CorruptState, IncompatibleState, StateDirLocked
-from antdt_tf.sharding.service import MasterServer, ShardingServicer
+from antdt_tf.master.server import MasterServer
+from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import LeaseConfig, ShardState
 from antdt_tf.sharding.store import FSYNC_MODES, StateStore, open_state
 
@@ -66,10 +68,7 @@ flags.DEFINE_float("settle_seconds", 10.0, "How long a lease with sparse reports
 flags.DEFINE_integer("max_shard_failures", 3, "A shard that failed (FAILED, expired lease or "
                      "holder died) this often in one epoch is set aside as poisoned.")
 flags.DEFINE_float("grace_seconds", 5.0, "Drain time for in-flight calls on SIGTERM.")
-flags.DEFINE_string("token_file", "", "File holding the job's token (default: "
-                    "$ANTDT_JOB_TOKEN). With a token every call must carry it.")
-flags.DEFINE_boolean("allow_unauthenticated_network_access", False, "Serve beyond loopback "
-                     "without a token: anyone who reaches the port controls the job.")
+auth.define_server_flags("controls the job")
 flags.DEFINE_float("tick_seconds", 0.5, "How often leases are checked for expiry and the "
                    "journal synced.")
 
@@ -117,14 +116,12 @@ def _write_port_file(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
-async def _serve(servicer: ShardingServicer, token: str) -> None:
+async def _serve(servicer: ShardingServicer, token: str, view) -> None:
     from antdt_tf.monitor.service import ClusterMonitorServicer
-    from antdt_tf.monitor.view import ClusterView
 
     server = MasterServer(servicer, bind=FLAGS.bind, port=FLAGS.port,
                           tick_seconds=FLAGS.tick_seconds, token=token,
-                          monitor=ClusterMonitorServicer(ClusterView(
-                              straggler=_straggler_config())))
+                          monitor=ClusterMonitorServicer(view))
     await server.start()
     log.info("[master] serving antdt.v1.ShardingService on %s (pid %d)", server.address, os.getpid())
     if FLAGS.port_file:
@@ -149,14 +146,7 @@ def main(argv):
     if FLAGS.tick_seconds <= 0 or FLAGS.grace_seconds < 0:
         raise app.UsageError("--tick_seconds must be > 0 and --grace_seconds >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from antdt_tf import auth
-
-    try:
-        token = auth.job_token(FLAGS.token_file)
-        auth.check_exposure(FLAGS.bind, token, FLAGS.allow_unauthenticated_network_access,
-                            "antdt-master")
-    except auth.InsecureBind as e:
-        raise app.UsageError(str(e)) from e
+    token = auth.server_token(FLAGS.bind, "antdt-master")
     state = ShardState(_lease_config())
     _straggler_config()   # bad flags fail here, before anything is opened
     store = None
@@ -173,7 +163,16 @@ def main(argv):
                  FLAGS.state_dir, recovered["snapshot"], recovered["replayed"], state.datasets)
     else:
         log.warning("[master] no --state_dir: shard state is in memory only")
-    _run_event_loop(_serve(ShardingServicer(state, store), token))
+    from antdt_tf.monitor.view import ClusterView
+
+    try:
+        view = ClusterView(straggler=_straggler_config(), cluster_file=(
+            os.path.join(FLAGS.state_dir, "job_cluster.pb") if FLAGS.state_dir else ""))
+    except CorruptState as e:
+        print(f"antdt-master: error: {e}\n  (move or delete the file to start without "
+              "the job's cluster; the launcher publishes it again)", file=sys.stderr)
+        return 3
+    _run_event_loop(_serve(ShardingServicer(state, store), token, view))
     return 0
 
 

@@ -1,0 +1,804 @@
+"""JobRunner: one job's tasks, started, supervised and acted on through a ClusterBackend.
+
+It starts the tasks through the backend (the local one: simulated hosts on loopback,
+with the master; the agents one: real hosts registered with a running master), shows
+the progress line, restarts what died (a task whose host is lost comes back on
+another host, at a new address: the chief then restarts with the new cluster and
+restores), carries out injections and the Controller's actions, and writes the report.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from typing import Optional
+
+from antdt_tf.agent.inject import Injection
+from antdt_tf.errors import AntdtError, InvalidRequest
+from antdt_tf.launcher.config import (EXIT_CLUSTER_UNAVAILABLE, JobConfig, place,
+                                      skips_refused_leases)
+from antdt_tf.launcher.progress import ProgressLine
+from antdt_tf.launcher.report import health_dict
+from antdt_tf.launcher.taskspecs import TaskContext, task_args, task_env
+
+
+class JobRunner:
+    """One job: agents, master, PS, workers, coordinator, and the supervision loop."""
+
+    def __init__(self, cfg: JobConfig):
+        from antdt_tf.data.records import RecordFile
+        from antdt_tf.tf.local_cluster import free_ports
+
+        self.cfg = cfg
+        self.num_records = RecordFile(cfg.data).num_records
+        slots = max(cfg.max_workers, cfg.num_workers)
+        if cfg.agents:
+            # addresses come from the hosts' port ranges once the hosts are known
+            self.master_address = cfg.master
+            self.spec = {"chief": [""], "ps": [""] * cfg.num_ps, "worker": [""] * slots}
+            self.host_names: list[str] = []
+        else:
+            ports = free_ports(2 + cfg.num_ps + slots)
+            self.master_address = f"127.0.0.1:{ports[0]}"
+            self.spec = {"chief": [f"127.0.0.1:{ports[1]}"],
+                         "ps": [f"127.0.0.1:{p}" for p in ports[2:2 + cfg.num_ps]],
+                         "worker": [f"127.0.0.1:{p}" for p in ports[2 + cfg.num_ps:]]}
+            self.host_names = [f"host{h}" for h in range(cfg.num_hosts)]
+        self.placement = place(cfg.num_ps, slots, cfg.num_hosts)
+        self.active_workers = cfg.num_workers   # workers 0..n-1 train; the rest are spare slots
+        self.backend = None               # the LocalBackend: one agent per simulated host
+        self.cluster_version = 0          # of the JobCluster published to the master
+        self.issued: dict[tuple[str, int], int] = {}   # the last generation launched, per task
+        self.current: dict[tuple[str, int], object] = {}   # the TaskName that serves, per task
+        self.events: list[dict] = []
+        self.t0 = time.monotonic()        # coordinator first started
+        self.train_t0: Optional[float] = None   # first shard leased: the injection clock
+        self.finished_at: Optional[float] = None  # the master first said every epoch done
+        self.startup_seconds = 0.0
+        self.train_started_unix = 0.0
+        self.restarts: dict[tuple[str, int], int] = {}
+        self.pending_faults: list[dict] = []  # failures waiting for training to resume
+        self.coordinator_report_path = cfg.workdir / "coordinator_report.json"
+        self._progress: Optional[ProgressLine] = None
+        from antdt_tf.controller import CostModel, load_policy
+
+        self.policy = load_policy(cfg.policy)
+        self.costs = CostModel(relaunch_worker_seconds=cfg.relaunch_cost_seconds,
+                               replace_ps_seconds=cfg.replace_ps_cost_seconds,
+                               min_gain_seconds=cfg.min_gain_seconds,
+                               redo_seconds=cfg.checkpoint_every_seconds / 2)
+        self.actions: list = []            # ActionRun: what the controller did, with outcomes
+        self.standby_count = 0
+        self.best_rate = 0.0     # the job's best records/s (every worker judged) so far
+        self.batch_sizes: dict[int, int] = {}   # ADJUST_BS sizes in force (worker -> size)
+        self.health: list = []             # the Monitor's latest TaskHealth list
+        self.trainer_records: list[int] = []   # records per worker, the chief's latest report
+        # [seconds since training started, records of worker 0, 1, ...] every 0.5 s
+        self.timeline: list[list] = []
+
+    # ------------------------------------------------------------------ processes
+
+    def _event(self, what: str, **extra) -> dict:
+        ev = {"t": round(time.monotonic() - self.t0, 2), "event": what, **extra}
+        self.events.append(ev)
+        line = f"[{ev['t']:6.1f}s] {what}"
+        if self._progress is not None:
+            self._progress.write(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+        return ev
+
+    def _start_agents(self) -> None:
+        if self.cfg.agents:
+            self._join_hosts()
+            return
+        from antdt_tf.backends.local import LocalBackend
+
+        self.backend = LocalBackend(self.cfg.num_hosts, self.cfg.workdir,
+                                    estimator_python=self.cfg.estimator_python,
+                                    master=self.master_address)
+        ports = {("master", 0): int(self.master_address.rsplit(":", 1)[1])}
+        for job in ("chief", "ps", "worker"):
+            for i, address in enumerate(self.spec[job]):
+                ports[job, i] = int(address.rsplit(":", 1)[1])
+        self.backend.reserve_endpoints(ports)
+
+    def _join_hosts(self) -> None:
+        """--backend=agents: the hosts whose agents report to the master; every task
+        gets an address on its host."""
+        from antdt_tf.backends.agents import AgentsBackend, MasterRendezvous
+
+        cfg = self.cfg
+        self.backend = AgentsBackend(MasterRendezvous(self.master_address),
+                                     host_timeout=cfg.host_timeout_seconds)
+        want = max(1, cfg.num_hosts)
+        deadline = time.monotonic() + 120
+        while len(hosts := self.backend.hosts()) < want:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(hosts)} of {want} hosts registered with the "
+                                   f"master at {self.master_address} within 120 s "
+                                   "(start antdt-agent --master=... on each host)")
+            time.sleep(0.5)
+        self.host_names = sorted(h.name for h in hosts)
+        self.placement = place(cfg.num_ps, len(self.spec["worker"]), len(self.host_names))
+        del self.placement["master", 0]     # the running master is not ours to start
+        for (job, index), h in self.placement.items():
+            self.spec[job][index] = self.backend.endpoint(job, index, self.host_names[h])
+        self._event(f"{len(self.host_names)} host(s) registered: "
+                    + ", ".join(f"{n} ({h.address})" for n, h in
+                                sorted((h.name, h) for h in hosts)))
+
+    def host_name(self, host: int) -> str:
+        return self.host_names[host]
+
+    def live_hosts(self) -> list[int]:
+        """Indices of the hosts that are not lost."""
+        live = {h.name for h in self.backend.hosts()}
+        return [i for i, n in enumerate(self.host_names) if n in live]
+
+    def task_name(self, job: str, index: int):
+        """The launch of ``job:index`` that serves (a standby waiting to take over is a
+        newer generation, not yet current)."""
+        return self.current[job, index]
+
+    def stop_task(self, job: str, index: int, kill: bool = False, grace_seconds: float = 10.0):
+        """Stops the task's current launch (no other generation is touched)."""
+        return self.backend.stop(self.task_name(job, index), kill=kill,
+                                 grace_seconds=grace_seconds)
+
+    def _context(self) -> TaskContext:
+        return TaskContext(self.cfg, self.spec, self.active_workers, self.master_address,
+                           self.coordinator_report_path)
+
+    def _task_args(self, job: str, index: int) -> tuple[str, list[str]]:
+        return task_args(self._context(), job, index)
+
+    def _task_env(self, job: str, index: int) -> dict:
+        return task_env(self._context(), job, index)
+
+    def start_task(self, job: str, index: int, host: Optional[int] = None,
+                   extra_args: tuple[str, ...] = (), standby: bool = False):
+        """Launches the task's next generation on its host (or ``host``). ``standby``:
+        the current launch keeps running until the new one takes over its address."""
+        from antdt_tf.backends import TaskName, TaskSpec
+
+        where = self.placement[job, index] if host is None else host
+        endpoint = self.backend.endpoint(job, index, self.host_name(where))
+        if job in self.spec and not standby:
+            self.spec[job][index] = endpoint     # a task on another host: a new address
+        program, args = self._task_args(job, index)
+        if job in self.spec and standby and endpoint != self.spec[job][index]:
+            # a standby on another host's address: its own cluster entry says so
+            args = self._with_own_address(args, job, index, endpoint)
+        if job == "chief" and not self.cfg.tf1:
+            self._publish_cluster()
+        generation = self.issued.get((job, index), 0) + 1
+        name = TaskName(job, index, generation)
+        spec = TaskSpec(name, program, tuple(args) + tuple(extra_args),
+                        env=tuple(sorted(self._task_env(job, index).items())),
+                        endpoint=endpoint)
+        self.issued[job, index] = generation
+        info = self.backend.launch(spec, self.host_name(where), allow_overlap=standby)
+        self.current[job, index] = name
+        return info
+
+    def _publish_cluster(self) -> None:
+        """The chief's cluster (the active workers, a prefix of the slots: a task index
+        means the same task to the chief and to the server), to the master."""
+        from antdt_tf.monitor.client import MonitorClient
+
+        self.cluster_version += 1
+        with MonitorClient(self.master_address, timeout=30) as monitor:
+            monitor.set_job_cluster(self.cluster_version, dict(
+                self.spec, worker=self.spec["worker"][:self.active_workers]))
+
+    def _with_own_address(self, args: list[str], job: str, index: int,
+                          endpoint: str) -> list[str]:
+        spec = {k: list(v) for k, v in self.spec.items()}
+        spec[job][index] = endpoint
+        return [f"--cluster={json.dumps(spec)}" if a.startswith("--cluster=") else a
+                for a in args]
+
+    def _register_dataset(self) -> None:
+        from antdt_tf.sharding.client import ShardingClient
+        from antdt_tf.sharding.plan import DataFile, DatasetSpec
+
+        with ShardingClient(self.master_address, timeout=60) as admin:
+            admin.register_dataset(DatasetSpec(
+                "train", records_per_shard=self.cfg.records_per_shard,
+                num_epochs=self.cfg.epochs, shuffle=self.cfg.shuffle, seed=self.cfg.data_seed,
+                files=(DataFile(self.cfg.data, self.num_records),),
+                static_workers=(self.cfg.num_workers
+                                if getattr(self.policy, "sharding", "dynamic") == "static"
+                                else 0),
+                # PullTrainer and the TF1 feed skip the batches of a lease whose report
+                # was refused (Keras and BSP do not)
+                tail_stealing=(getattr(self.policy, "tail_stealing", False)
+                               and skips_refused_leases(self.cfg)),
+                backup_leases=(getattr(self.policy, "backup_leases", False)
+                               and skips_refused_leases(self.cfg))))
+
+    # ------------------------------------------------------------------ the job
+
+    def run(self) -> dict:
+        from antdt_tf.monitor.client import MonitorClient
+        from antdt_tf.sharding.client import ShardingClient
+
+        try:
+            self._start_agents()
+            if not self.cfg.agents:
+                self.start_task("master", 0)
+            self._register_dataset()
+            for i in range(len(self.spec["ps"])):
+                self.start_task("ps", i)
+            if self.cfg.tf1:
+                self.t0 = time.monotonic()
+            for i in range(self.active_workers):
+                self.start_task("worker", i)
+            if self.cfg.tf1:
+                self._event(f"{self.active_workers} TF1 trainers started (worker 0 is the chief)")
+            else:
+                self.t0 = time.monotonic()
+                self.start_task("chief", 0)
+                self._event("coordinator started")
+            with ShardingClient(self.master_address, timeout=10) as admin, \
+                    MonitorClient(self.master_address) as monitor:
+                self._supervise(admin, monitor)
+            return self._report()
+        finally:
+            self.shutdown()
+
+    def _supervise(self, admin, monitor) -> None:
+        from antdt_tf.backends import TaskState
+
+        cfg = self.cfg
+        pending = sorted(cfg.injections, key=lambda j: (j.percent, j.at))
+        ended_slowdowns: list[Injection] = []
+        progress = self._progress = ProgressLine(self, admin, monitor, enabled=cfg.progress)
+        deadline = time.monotonic() + cfg.timeout_seconds
+        last_listed = last_decided = 0.0
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the job did not finish within {cfg.timeout_seconds:g}s")
+                if self.train_t0 is None and progress.started:
+                    self.train_t0 = time.monotonic()
+                    self.train_started_unix = time.time()
+                    self.startup_seconds = self.train_t0 - self.t0
+                    self._event("training started (first shard leased); injection clock starts")
+                now = time.monotonic() - (self.train_t0 or float("inf"))
+                done_percent = 100.0 * progress.records / max(1, progress.total)
+                for inj in list(pending):
+                    due = (self.train_t0 is not None and done_percent >= inj.at
+                           if inj.percent else inj.at <= now)
+                    if due and self._inject(inj):     # False: deferred to a later round
+                        pending.remove(inj)
+                for inj in [j for j in cfg.injections if j.kind == "slow" and j.until
+                            and j.until <= now and j not in ended_slowdowns]:
+                    ended_slowdowns.append(inj)
+                    self._event(f"slowdown of {inj.task} ended")
+                # the agents' task lists every 500 ms (exits) and the master's progress
+                # every 500 ms: both cost the job CPU (the JCT comes from the master's own
+                # journal times, not from this polling)
+                if time.monotonic() - last_listed >= 0.5:
+                    last_listed = time.monotonic()
+                    statuses = self._statuses()
+                    chief = statuses.get(("worker", 0) if cfg.tf1 else ("chief", 0))
+                    if chief is not None and chief.state is TaskState.SUCCEEDED:
+                        progress.update(final=True)
+                        self._event("chief finished" if cfg.tf1 else "coordinator finished")
+                        return
+                    for key, status in sorted(statuses.items(), key=lambda kv: (
+                            kv[0][0] == "chief", kv[0])):    # the chief last: it needs
+                        if key[0] == "worker" and key[1] >= self.active_workers:  # addresses
+                            continue    # a slot scaled away
+                        if cfg.tf1 and key[0] == "worker" and status.state is TaskState.SUCCEEDED:
+                            continue    # a TF1 trainer that finished its data
+                        if not status.running:
+                            self._recover(key, status, statuses)
+                records = progress.update()
+                if self.finished_at is None and progress.finished:
+                    self.finished_at = time.monotonic()
+                for fault in [f for f in self.pending_faults if records > f["records_before"]]:
+                    fault["resumed_after_s"] = round(time.monotonic() - self.t0 - fault["t"], 2)
+                    self.pending_faults.remove(fault)
+                if (self.train_t0 is not None and not progress.finished
+                        and time.monotonic() - last_decided >= cfg.controller_interval_seconds):
+                    last_decided = time.monotonic()
+                    self._control(monitor, records)
+                time.sleep(0.25)
+        finally:
+            progress.close()
+            self._progress = None
+
+    def _statuses(self) -> dict:
+        """The current launch of every task, as the backend reports it."""
+        self.backend.tasks()      # one refresh from the agents
+        return {key: info for key, name in self.current.items()
+                if (info := self.backend.launch_info(name)) is not None}
+
+    # ------------------------------------------------------------------ controller
+
+    def _control(self, monitor, records: int) -> None:  # noqa: C901 (one round, in order)
+        """One controller round: follow the actions in flight, then ask the policy."""
+        from antdt_tf.controller import Observation, TaskView
+        from antdt_tf.proto import cluster_pb2 as cpb
+
+        try:
+            status = monitor.status()
+        except AntdtError:
+            return     # master restarting: decide next time
+        self.health = list(status.health)
+        self.trainer_records = [w.records for w in status.trainer.workers]
+        now = time.monotonic()
+        for act in [a for a in self.actions if a.pending]:
+            self._follow(act, records, now)
+        if any(a.pending for a in self.actions):
+            return     # one disruptive action at a time
+        name = {v: k.lower() for k, v in cpb.TaskHealth.StragglerClass.items()}
+        views = [TaskView(h.task.job, h.task.index,
+                          name.get(h.straggler_class, "unknown").replace(
+                              "straggler_class_unspecified", "unknown"),
+                          h.slowness, h.records_per_second, h.step_seconds, h.latency_ms,
+                          h.samples) for h in status.health]
+        cooldown = self.cfg.straggler_window_seconds
+        busy = frozenset(a.task for a in self.actions
+                         if a.ended is None or now - a.ended < cooldown)
+        if self.cfg.tf1:
+            # TF1: worker 0 is the chief (moving it restarts the job from a checkpoint),
+            # and the PS have no latency probes (no coordinator): workers only
+            busy |= {("worker", 0)} | {("ps", i) for i in range(self.cfg.num_ps)}
+        rate = sum(v.records_per_second for v in views if v.job == "worker")
+        if all(v.samples for v in views if v.job == "worker"):
+            self.best_rate = max(self.best_rate, rate)
+        obs = Observation(now=time.time(), workers=tuple(v for v in views if v.job == "worker"),
+                          ps=tuple(v for v in views if v.job == "ps"),
+                          remaining_records=max(0, self.num_records * self.cfg.epochs - records),
+                          costs=self.costs, busy=busy, best_records_per_second=self.best_rate,
+                          mode=self.cfg.mode, batch_size=self.cfg.batch_size,
+                          batch_sizes=tuple(sorted(self.batch_sizes.items())))
+        try:
+            actions = list(self.policy.decide(obs))
+        except Exception as e:  # a user policy's bug must not take the job down
+            self._event(f"controller: policy {self.policy.name!r} failed: {e!r}")
+            return
+        for action in actions:
+            job, index = action.task
+            if (job, index) in busy or (job, index) not in self.placement:
+                continue
+            self._execute(action, records, status)
+            return
+
+    def _other_host(self, job: str, index: int) -> int:
+        """The least loaded host other than the task's own."""
+        load = [0] * len(self.host_names)
+        for (j, _), h in self.placement.items():
+            if j in ("ps", "worker"):
+                load[h] += 1
+        here = self.placement[job, index]
+        live = self.live_hosts()
+        candidates = [h for h in live if h != here] or live or [here]
+        return min(candidates, key=lambda h: (load[h], h))
+
+    def _execute(self, action, records: int, status) -> None:
+        """Starts an action: the new process first imports TF on the other host and
+        stands by (``antdt-tf-server --standby_file``); :meth:`_follow` then kills the
+        old one, and the new one binds the address within milliseconds."""
+        from antdt_tf.controller import AdjustBatchSizes, RelaunchWorker, ReplacePs, ScaleWorkers
+        from antdt_tf.controller.execution import ActionRun
+
+        job, index = action.task
+        kind = type(action).__name__
+        if isinstance(action, ScaleWorkers):
+            self._scale(action)
+            return
+        if isinstance(action, AdjustBatchSizes):
+            self._adjust_batch_sizes(action)
+            return
+        if not isinstance(action, (RelaunchWorker, ReplacePs)) or (
+                self.cfg.tf1 and not isinstance(action, RelaunchWorker)):
+            raise InvalidRequest(f"the launcher cannot carry out {kind}"
+                                 + (f" with --api={self.cfg.api}" if self.cfg.tf1 else ""))
+        src, dst = self.placement[job, index], self._other_host(job, index)
+        ev = self._event(f"controller ({self.policy.name}): {kind} {job}:{index} "
+                         f"host{src} -> host{dst}: {action.reason}", action=kind)
+        self.standby_count += 1
+        ready = self.cfg.workdir / f"standby-{job}{index}-{self.standby_count}"
+        old_launch = self.task_name(job, index)
+        stable = self.backend.capabilities.stable_endpoints
+        self.start_task(job, index, host=dst, standby=True,
+                        extra_args=(f"--standby_file={ready}",) if stable else ())
+        old = [h.incarnation for h in status.health
+               if h.task.job == job and h.task.index == index]
+        self.actions.append(ActionRun(
+            action, ev["t"], time.monotonic(), from_host=src, to_host=dst,
+            ready_files=(ready,) if stable else (), old_launch=old_launch,
+            old_incarnation=old[0] if old else -1,
+            endpoint=self.backend.endpoint(job, index, self.host_name(dst)),
+            chief_restarts=self.restarts.get(("chief", 0), 0)))
+
+    def _adjust_batch_sizes(self, action) -> None:
+        """ADJUST_BS: the master hands the sizes out with each worker's next lease."""
+        from antdt_tf.sharding.client import ShardingClient
+
+        sizes = dict(action.sizes)
+        with ShardingClient(self.master_address, timeout=10) as admin:
+            admin.set_batch_sizes("train", sizes, replace=True)
+        self.batch_sizes = sizes
+        ev = self._event(f"controller ({self.policy.name}): AdjustBatchSizes "
+                         f"{sizes}: {action.reason}", action="AdjustBatchSizes")
+        from antdt_tf.controller.execution import ActionRun
+
+        self.actions.append(ActionRun(action, ev["t"], time.monotonic()))
+
+    def _scale(self, action) -> None:
+        """Scale out: the new workers stand by first (:meth:`_follow` switches when all
+        are ready). Scale in: switch at once."""
+        n, slots = action.num_workers, len(self.spec["worker"])
+        if not 1 <= n <= slots or n == self.active_workers:
+            self._event(f"controller: ScaleWorkers to {n} ignored (slots: {slots}, "
+                        f"running: {self.active_workers})")
+            return
+        ev = self._event(f"controller ({self.policy.name}): ScaleWorkers "
+                         f"{self.active_workers} -> {n} workers: {action.reason}",
+                         action="ScaleWorkers")
+        from antdt_tf.controller.execution import ActionRun
+
+        ready = []
+        for i in range(self.active_workers, n):
+            self.standby_count += 1
+            ready.append(self.cfg.workdir / f"standby-worker{i}-{self.standby_count}")
+            self.start_task("worker", i, extra_args=(f"--standby_file={ready[-1]}",))
+        act = ActionRun(action, ev["t"], time.monotonic(), from_workers=self.active_workers,
+                        to_workers=n, ready_files=tuple(ready))
+        self.actions.append(act)
+        if n < self.active_workers:
+            self._switch_scale(act)
+
+    def _switch_scale(self, act) -> None:
+        """The chief goes (killed: the last checkpoint holds model and sharding state)
+        and comes back with the new worker set, restoring; workers scaled away stop."""
+        from antdt_tf.controller.execution import ActionPhase
+
+        old, n = act.from_workers, act.to_workers
+        if act.hold:
+            act.hold = False
+            self._hold_data(False)
+        act.records_per_worker_before = tuple(self.trainer_records)
+        self.stop_task("chief", 0, kill=True)
+        self.active_workers = n
+        for i in range(n, old):
+            self.stop_task("worker", i, grace_seconds=2)
+            self._release_leases_of(i)
+        self.start_task("chief", 0)
+        act.to(ActionPhase.RECOVERING, time.monotonic(), "the chief restarts with "
+               f"{n} workers")
+
+    def _standby_ready(self, act) -> bool:
+        """A standby on a shared address wrote its ready file; one on its own address
+        serves it (the TF server bound its port)."""
+        if act.ready_files:
+            return act.ready()
+        import socket
+
+        host, port = act.endpoint.rsplit(":", 1)
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def _switch_over(self, act) -> None:
+        """The standby is ready: the old process goes (a kill: a relaunched worker redoes
+        at most its batch in flight; a PS's state is in the last checkpoint)."""
+        from antdt_tf.controller.execution import ActionPhase
+
+        job, index = act.task
+        moved = self.spec[job][index] != act.endpoint
+        self.spec[job][index] = act.endpoint
+        self.backend.stop(act.old_launch, kill=True)
+        self.placement[job, index] = act.to_host
+        if job == "worker":
+            self._release_leases_of(index)
+        if moved and job == "worker":
+            # a new address is a cluster change: the chief goes and comes back with it,
+            # restoring from the last checkpoint (a moved PS makes the chief exit 75)
+            self._event(f"worker:{index} moved to {act.endpoint}: restarting the chief "
+                        "with the new cluster")
+            self.stop_task("chief", 0, kill=True)
+        act.to(ActionPhase.RECOVERING, time.monotonic(), "the old process killed")
+
+    def _follow(self, act, records: int, now: float) -> None:
+        """Standby ready -> switch over; done when the moved task works again: a
+        relaunched worker's new incarnation reports steps; after a PS replacement,
+        records progress again (the chief restored the last checkpoint, so the count
+        first drops back to it)."""
+        from antdt_tf.controller import ScaleWorkers
+        from antdt_tf.controller.execution import ActionPhase
+
+        job, index = act.task
+        if act.phase is ActionPhase.STARTING:
+            if self._standby_ready(act):
+                if isinstance(act.action, ScaleWorkers):
+                    self._switch_scale(act)
+                else:
+                    self._switch_over(act)
+                return
+            if isinstance(act.action, ScaleWorkers):
+                if now - act.started > 120:
+                    self._event("controller: the new workers did not get ready; "
+                                "ScaleWorkers abandoned")
+                    for i in range(act.from_workers, act.to_workers):
+                        self.stop_task("worker", i, kill=True)
+                    if act.hold:
+                        act.hold = False
+                        self._hold_data(False)
+                    act.to(ActionPhase.ABANDONED, now, "new workers not ready in 120 s")
+                return
+            standby = self._statuses().get((job, index))
+            if standby is None or not standby.running or now - act.started > 120:
+                self._event(f"controller: the standby {job}:{index} on host{act.to_host} "
+                            f"did not get ready; {act.kind} abandoned")
+                self.stop_task(job, index, kill=True)
+                self.current[job, index] = act.old_launch   # the old one serves on
+                act.to(ActionPhase.ABANDONED, now, "standby not ready or died")
+            return
+        done = False
+        if isinstance(act.action, ScaleWorkers):
+            act.low_records = min(act.low_records if act.low_records is not None
+                                  else records, records)
+            if records > act.low_records:
+                # scale-out: done when every added worker trains (its steps reach the
+                # Monitor), not only when the restarted chief trains again
+                if act.training_since is None:
+                    act.training_since = now
+                stepping = {h.task.index for h in self.health
+                            if h.task.job == "worker" and h.samples > 0}
+                added = range(act.from_workers, act.to_workers)
+                done = all(i in stepping for i in added) or now - act.training_since > 60
+        elif job == "worker":
+            done = any(h.task.job == "worker" and h.task.index == index
+                       and h.incarnation != act.old_incarnation and h.samples > 0
+                       for h in self.health)
+        elif self.restarts.get(("chief", 0), 0) > act.chief_restarts:
+            act.low_records = min(act.low_records if act.low_records is not None
+                                  else records, records)
+            done = records > act.low_records
+        if done:
+            self._done(act, now)
+
+    def _done(self, act, now: float) -> None:
+        from antdt_tf.controller import RelaunchWorker, ReplacePs, ScaleWorkers
+        from antdt_tf.controller.execution import ActionPhase
+
+        act.to(ActionPhase.DONE, now, "training again")
+        what = (f"to {act.to_workers} workers" if isinstance(act.action, ScaleWorkers)
+                else f"{act.task[0]}:{act.task[1]}")
+        self._event(f"controller: {act.kind} {what} done; "
+                    f"training again after {act.recovered_after_s:.1f}s")
+        if isinstance(act.action, (RelaunchWorker, ReplacePs)):
+            done_of_kind = [a.recovered_after_s for a in self.actions
+                            if a.kind == act.kind and a.recovered_after_s is not None]
+            mean = sum(done_of_kind) / len(done_of_kind)
+            if isinstance(act.action, RelaunchWorker):
+                self.costs.relaunch_worker_seconds = mean
+            else:
+                self.costs.replace_ps_seconds = mean
+
+    def _inject(self, inj: Injection) -> bool:
+        """Carries out an injection; False: not now (a scaling waits for the action
+        still running)."""
+        if inj.kind == "scale":
+            from antdt_tf.controller import ScaleWorkers
+
+            from antdt_tf.controller.execution import ActionPhase
+
+            if any(a.pending for a in self.actions):
+                return False
+            self._execute(ScaleWorkers(num_workers=inj.index, reason=f"injected: {inj}"),
+                          self._records_done(), None)
+            act = self.actions[-1] if self.actions else None
+            if act is not None and act.phase is ActionPhase.STARTING:
+                # hold the data while the new workers start, so that a job which would
+                # end first (a fast machine, a small job) still sees the action
+                act.hold = self._hold_data(True)
+            return True
+        if inj.kind == "kill":
+            st = self.stop_task(inj.job, inj.index, kill=True)
+            self._event(f"injected: SIGKILL {inj.task} (pid {st.pid})", injected=str(inj))
+        else:
+            duration = (inj.until - inj.at) if inj.until else 0.0
+            self.backend.slow_down(self.task_name(inj.job, inj.index), inj.factor, duration)
+            self._event(f"injected: {inj}", injected=str(inj))
+        return True
+
+    def _recover(self, key, status, statuses) -> None:
+        job, index = key
+        name = "coordinator" if job == "chief" else f"{job}:{index}"
+        from antdt_tf.backends import FailureKind, TaskState
+
+        failure = status.failure
+        if status.state is TaskState.STOPPED:
+            how = "killed"
+        elif failure is None:
+            how = "exit 0"
+        elif failure.kind is FailureKind.EXITED:
+            how = f"exit {failure.exit_code}"
+        elif failure.kind is FailureKind.KILLED:
+            how = f"signal {signal.Signals(-failure.exit_code).name}"
+        else:
+            how = str(failure)
+        if (job == "chief" and failure is not None and failure.kind is FailureKind.EXITED
+                and failure.exit_code == EXIT_CLUSTER_UNAVAILABLE):
+            # wait until every PS and worker runs again, then relaunch (it restores)
+            if any(not s.running for k, s in statuses.items() if k[0] in ("ps", "worker")):
+                return
+        n = self.restarts.get(key, 0) + 1
+        if n > self.cfg.max_restarts:
+            raise RuntimeError(f"{name} failed {n} times ({how}); giving up. Log: "
+                               f"{status.log_path}")
+        self.restarts[key] = n
+        ev = self._event(f"{name} {how}; restarting it (restart {n})", task=name,
+                         failure=how)
+        ev["records_before"] = self._records_done()
+        self.pending_faults.append(ev)
+        if job == "worker":
+            self._release_leases_of(index)
+        if self.placement[key] not in self.live_hosts():
+            # its host is lost: another host, another address
+            self.placement[key] = self._other_host(job, index)
+            self._event(f"{name} moves to {self.host_name(self.placement[key])}")
+        address = self.spec[job][index] if job in self.spec else ""
+        self.start_task(job, index)
+        if (job == "worker" and index < self.active_workers and not self.cfg.tf1
+                and self.spec[job][index] != address):
+            # TF re-joins a worker only at its old address: the chief comes back with
+            # the new cluster and restores the last checkpoint
+            self._event(f"{name} has a new address: restarting the chief with the new "
+                        "cluster")
+            if statuses.get(("chief", 0)) is not None and statuses["chief", 0].running:
+                self.stop_task("chief", 0, kill=True)
+
+    def _hold_data(self, hold: bool) -> bool:
+        """Holds (no new lease) or resumes the job's dataset; True when it took effect."""
+        from antdt_tf.sharding.client import ShardingClient
+
+        try:
+            with ShardingClient(self.master_address, timeout=10) as c:
+                c.set_paused("train", hold)
+        except AntdtError as e:
+            self._event(f"could not {'hold' if hold else 'resume'} the data: {e}")
+            return False
+        self._event("data held while the injected action starts its tasks" if hold
+                    else "data resumed")
+        return True
+
+    def _release_leases_of(self, worker: int) -> None:
+        """A dead worker's pipeline held leases (pull path): give them back now rather
+        than when their lease runs out, so the live workers take them over."""
+        from antdt_tf.sharding.client import ShardingClient, Task
+
+        try:
+            with ShardingClient(self.master_address, timeout=5) as c:
+                for t in c.progress("train").tasks:
+                    if t.task.type == "worker" and t.task.index == worker and t.state != "dead":
+                        n = c.report_task_failure(Task("worker", worker, t.task.incarnation),
+                                                  reason="process died (agent)")
+                        if n:
+                            self._event(f"worker:{worker}'s {n} leased shard(s) back to TODO")
+        except AntdtError as e:
+            self._event(f"could not release worker:{worker}'s leases: {e}")
+
+    def _master_progress(self, timeout: float = 5):
+        """The master's GetProgress of the job's dataset, None while it is down."""
+        from antdt_tf.sharding.client import ShardingClient
+
+        try:
+            with ShardingClient(self.master_address, timeout=timeout) as c:
+                return c.progress("train")
+        except AntdtError:
+            return None
+
+    def _dataset_progress(self, timeout: float = 5):
+        p = self._master_progress(timeout)
+        return p.datasets[0] if p is not None else None
+
+    def _records_done(self) -> int:
+        p = self._dataset_progress(timeout=2)
+        return p.records_done_total if p is not None else 0
+
+    def _report(self) -> dict:
+        cfg = self.cfg
+        end = self.finished_at or time.monotonic()
+        jct = end - (self.train_t0 or self.t0)
+        progress = self._master_progress()
+        final = progress.datasets[0] if progress is not None else None
+        if final is not None and final.started_unix and final.finished_unix:
+            # exact: the master's journal times, not our polling
+            jct = final.finished_unix - final.started_unix
+            self.train_started_unix = final.started_unix
+        coord = json.loads(self.coordinator_report_path.read_text())
+        total = self.num_records * cfg.epochs
+        for ev in self.events:
+            ev.pop("records_before", None)
+        import psutil
+
+        cpu = {}   # CPU seconds of every process of the job (latest incarnation of each task)
+        try:
+            for (job, index), st in sorted(self._statuses().items()):
+                cpu[f"{job}:{index}"] = round(st.cpu_seconds, 2)
+            for h in range(cfg.num_hosts if not cfg.agents else 0):   # ours, local
+                t = psutil.Process(self.backend.agent_pid(self.host_name(h))).cpu_times()
+                cpu[f"agent:host{h}"] = round(t.user + t.system, 2)
+            t = psutil.Process().cpu_times()
+            cpu["launcher"] = round(t.user + t.system, 2)
+        except (AntdtError, psutil.Error):
+            pass
+        report = {
+            "jct_seconds": round(jct, 3),   # first shard issued -> every record applied
+            "startup_seconds": round(self.startup_seconds, 2),
+            "train_started_unix": self.train_started_unix,
+            "records": total,
+            "records_per_second": round(total / jct, 1),
+            "num_ps": cfg.num_ps, "num_workers": cfg.num_workers,
+            "num_hosts": len(self.host_names), "backend": cfg.backend,
+            "hosts": {f"{j}:{i}": self.host_name(h) for (j, i), h in sorted(self.placement.items())},
+            "epochs": cfg.epochs, "batch_size": cfg.batch_size,
+            "records_per_shard": cfg.records_per_shard,
+            "shards_per_worker": coord.get("shards_per_worker", []),
+            "records_per_worker": coord.get("records_per_worker", []),
+            "auc": coord.get("auc"), "logloss": coord.get("logloss"),
+            "injections": [str(j) for j in cfg.injections],
+            "failures": [ev for ev in self.events if "failure" in ev],
+            "events": self.events,
+            "restarts": {f"{j}:{i}": n for (j, i), n in self.restarts.items()},
+            "cpu_seconds": cpu,
+            "coordinator": coord,
+            "policy": self.policy.name,
+            "mode": cfg.mode,
+            "batch_sizes": {str(w): b for w, b in self.batch_sizes.items()},
+            "actions": [a.report() for a in self.actions],
+            "health": [health_dict(h) for h in self.health],
+            "timeline": self.timeline,
+            # lease remainders idle workers took over (tail work-stealing)
+            "stolen_leases": final.stolen_leases if final is not None else 0,
+            "backup_leases": final.backup_leases if final is not None else 0,
+            # what the master counted per task (its latest incarnation), from every
+            # worker's own reports: exact, unlike the chief's sampled counters
+            "master_records_per_task": {
+                f"{t.task.type}:{t.task.index}": t.records_done
+                for t in (progress.tasks if progress is not None else ())},
+        }
+        if "audit" in coord:
+            audit = dict(coord["audit"])
+            # each kill (injected, or a relaunch's) may redo the one batch in flight
+            faults = len([j for j in cfg.injections if j.kind == "kill"]) + len(
+                [a for a in self.actions if a.kind == "RelaunchWorker"])
+            bound = faults * cfg.batch_size
+            off = audit.get("applied_other", 0)
+            audit["allowed_off_records"] = bound
+            audit["ok"] = off <= bound
+            if final is not None and final.backup_leases:
+                # backup workers apply what both copies trained twice, by design: their
+                # contract is only that nothing is lost
+                audit["duplicates_by_design"] = True
+                audit["ok"] = audit.get("applied_0", 0) <= bound
+            report["audit"] = audit
+        return report
+
+    def shutdown(self) -> None:
+        """Stops every task (chief first, master last), then the agents."""
+        if self.backend is None:
+            return
+        for job in ("chief", "worker", "ps", "master"):
+            for (j, i) in [k for k in self.current if k[0] == job]:
+                try:
+                    self.stop_task(j, i, grace_seconds=5)
+                except AntdtError:
+                    pass
+        if self.cfg.agents:
+            self.backend.close()      # the hosts' agents are not ours to stop
+        else:
+            self.backend.shutdown()

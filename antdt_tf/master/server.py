@@ -1,0 +1,127 @@
+"""The master's gRPC server: the sharding service, the cluster monitor, the workers'
+TF-RPC data path and the health service, composed in one place."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable, Optional
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from antdt_tf.auth import server_interceptors
+from antdt_tf.monitor.service import ClusterMonitorServicer
+from antdt_tf.monitor.view import ClusterView
+from antdt_tf.rpc import SERVER_OPTIONS
+from antdt_tf.sharding.service import SERVICE_NAME, ShardingServicer, generic_handler
+from antdt_tf.sharding.tf_rpc import TfRpcServicer
+
+
+class MasterServer:
+    """The master's gRPC server: sharding service, cluster monitor, health service."""
+
+    def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
+                 tick_seconds: float = 0.5, monitor=None, token: str = ""):
+        self.servicer = servicer
+        self.monitor = monitor if monitor is not None else ClusterMonitorServicer(ClusterView())
+        self.tf_rpc = TfRpcServicer(servicer, on_step=self.monitor.view.observe_step,
+                                    token=token)
+        self.bind = bind
+        self.requested_port = port
+        self.tick_seconds = tick_seconds
+        self.token = token      # the job's token: every call but health checks needs it
+        self.port: Optional[int] = None
+        self._server: Optional[grpc.aio.Server] = None
+        self._health = health.aio.HealthServicer()
+        self._ticker: Optional[asyncio.Task] = None
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.bind}]" if ":" in self.bind else self.bind
+        return f"{host}:{self.port}"
+
+    async def start(self) -> int:
+        self._server = grpc.aio.server(options=SERVER_OPTIONS,
+                                       interceptors=server_interceptors(self.token, aio=True))
+        self._server.add_generic_rpc_handlers((generic_handler(self.servicer),
+                                               self.monitor.generic_handler(),
+                                               self.tf_rpc.generic_handler()))
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        host = f"[{self.bind}]" if ":" in self.bind else self.bind
+        self.port = self._server.add_insecure_port(f"{host}:{self.requested_port}")
+        if not self.port:
+            raise OSError(f"cannot bind {host}:{self.requested_port}")
+        await self._server.start()
+        for name in ("", SERVICE_NAME, self.monitor.SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
+        return self.port
+
+    async def _tick_loop(self):
+        while True:
+            await asyncio.sleep(self.tick_seconds)
+            self.servicer.tick()
+            self.monitor.view.tick()
+
+    async def wait_for_termination(self) -> None:
+        await self._server.wait_for_termination()
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Goes NOT_SERVING, drains in-flight calls for ``grace`` seconds, flushes state."""
+        if self._server is None:
+            return
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+        if self._ticker is not None:
+            self._ticker.cancel()
+        store = self.servicer.store
+        if store is not None:
+            store.close(final_state=self.servicer.state.snapshot())
+        self._server = None
+
+
+class BackgroundMaster:
+    """Runs a :class:`MasterServer` on its own event-loop thread inside this process.
+
+    For embedding a master in a launcher, a demo or a test; a production master is the
+    ``antdt-master`` process. ``with BackgroundMaster(servicer) as m: m.address``.
+    """
+
+    def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
+                 tick_seconds: float = 0.5, monitor=None, token: str = ""):
+        import threading
+
+        self._loop = asyncio.new_event_loop()
+        self.server = MasterServer(servicer, bind=bind, port=port, tick_seconds=tick_seconds,
+                                   monitor=monitor, token=token)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="antdt-master",
+                                        daemon=True)
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def start(self) -> "BackgroundMaster":
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(timeout=30)
+        return self
+
+    def call(self, fn: Callable, *args):
+        """Runs ``fn(*args)`` on the server's loop (where the state lives) and returns it."""
+        async def _run():
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(_run(), self._loop).result(timeout=30)
+
+    def stop(self, grace: float = 0.0) -> None:
+        if not self._thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(self.server.stop(grace), self._loop).result(timeout=60)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

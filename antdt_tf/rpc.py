@@ -1,0 +1,89 @@
+"""gRPC plumbing every antdt service shares: domain errors mapped to status codes in one
+place (``ERROR_CODES``), the error's class name in the ``antdt-error`` trailing metadata
+(clients re-raise the same type), lenient parsing (bytes that do not parse are answered
+INVALID_ARGUMENT, not gRPC's INTERNAL), and the server options."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
+
+from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, DatasetConflict,
+                             IncompatibleState, InvalidRequest, LeaseNotHeld, StaleGeneration,
+                             StaleIncarnation, TaskAlreadyRunning, UnknownDataset, UnknownTask)
+
+ERROR_CODES: dict[type, grpc.StatusCode] = {
+    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownDataset: grpc.StatusCode.NOT_FOUND,
+    UnknownTask: grpc.StatusCode.NOT_FOUND,
+    DatasetConflict: grpc.StatusCode.ALREADY_EXISTS,
+    StaleIncarnation: grpc.StatusCode.FAILED_PRECONDITION,
+    LeaseNotHeld: grpc.StatusCode.FAILED_PRECONDITION,
+    IncompatibleState: grpc.StatusCode.FAILED_PRECONDITION,
+    TaskAlreadyRunning: grpc.StatusCode.FAILED_PRECONDITION,
+    StaleGeneration: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+# so_reuseport=0: a second master on the same port fails instead of sharing it.
+SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.http2.bdp_probe", 0),
+                  ("grpc.enable_channelz", 0)]
+
+
+class Malformed:
+    """Stands in for a request whose bytes did not parse."""
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+def lenient_parser(cls):
+    def parse(data: bytes):
+        msg = cls()
+        try:
+            msg.ParseFromString(data)
+        except DecodeError as e:
+            return Malformed(f"{e}")
+        return msg
+    return parse
+
+
+
+def status_of(error: AntdtError) -> grpc.StatusCode:
+    return next((c for t, c in ERROR_CODES.items() if isinstance(error, t)),
+                grpc.StatusCode.INTERNAL)
+
+
+def aio_handler(fn: Callable, after: Callable[[], None]):
+    async def handle(request, context: grpc.aio.ServicerContext):
+        if isinstance(request, Malformed):
+            context.set_trailing_metadata(((ERROR_METADATA_KEY, "InvalidRequest"),))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"malformed request: {request.error}")
+        try:
+            response = fn(request)
+        except AntdtError as e:
+            context.set_trailing_metadata(((ERROR_METADATA_KEY, type(e).__name__),))
+            await context.abort(status_of(e), str(e))
+        after()
+        return response
+    return handle
+
+
+def unary_handlers(service, servicer, after: Callable[[], None] = lambda: None) -> dict:
+    """gRPC handlers for the unary methods of ``service`` (a protobuf ServiceDescriptor)
+    implemented by the same-named methods of ``servicer``: lenient parsing, domain
+    errors mapped to status codes, ``after()`` once a call succeeded."""
+    handlers = {}
+    for method in service.methods:
+        if method.client_streaming or method.server_streaming:
+            continue
+        request_cls = message_factory.GetMessageClass(method.input_type)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            aio_handler(getattr(servicer, method.name), after),
+            request_deserializer=lenient_parser(request_cls),
+            response_serializer=lambda m: m.SerializeToString())
+    return handlers
