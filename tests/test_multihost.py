@@ -117,3 +117,43 @@ def test_a_persistent_straggler_moves_to_another_host_exactly_once(hosts, tmp_pa
     assert any("worker:1 moved to 198.18.0." in ev["event"] for ev in report["events"])
     assert report["restarts"].get("chief:0", 0) >= 1 and report["coordinator"]["restored_from"]
     assert report["audit"]["applied_1"] == report["records"], report["audit"]
+
+
+def test_the_master_killed_and_restarted_mid_job_launches_nothing_twice(hosts, tmp_path):
+    """The master (not the launcher's: it runs on its own host) is SIGKILLed at a third of
+    the records and started again on its state dir and port. Agents and workers wait for
+    it; the launcher keeps its hosts (it hears the agents directly), restarts no task,
+    and every record is applied once."""
+    from antdt_tf.sharding.client import ShardingClient
+
+    net, master = hosts
+    records = 200_000
+    proc = subprocess.Popen(launch_cmd(tmp_path, master, "--num_ps=1", "--num_workers=2",
+                                       "--policy=dynamic", records=records),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with ShardingClient(master, timeout=10) as admin:
+            deadline = time.monotonic() + 300
+            while True:
+                assert proc.poll() is None and time.monotonic() < deadline
+                try:
+                    if admin.progress("train").datasets[0].records_done_total >= records // 3:
+                        break
+                except Exception:
+                    pass
+                time.sleep(0.1)
+        old = net.procs[0]                       # the master, started first
+        old.kill()
+        old.wait()
+        port = master.rsplit(":", 1)[1]
+        with open(tmp_path / "cluster.log", "ab") as log:
+            net.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "antdt_tf.master", f"--bind={netns.BRIDGE_ADDRESS}",
+                 f"--port={port}", f"--state_dir={tmp_path / 'master'}"],
+                stdout=log, stderr=log, start_new_session=True))
+    except BaseException:
+        proc.kill()
+        raise
+    report, out = finish(proc, tmp_path)
+    assert report["restarts"] == {}, (report["restarts"], report["events"])
+    assert report["audit"]["applied_1"] == report["records"] == records, report["audit"]
