@@ -76,3 +76,7 @@ class StaleGeneration(AntdtError):
 class Unschedulable(AntdtError):
     """No host can take the task under its placement (pinned to an unknown or lost
     host, or every host excluded)."""
+
+
+class JobConflict(AntdtError):
+    """A job was submitted to a master that runs another one (ALREADY_EXISTS)."""

@@ -7,16 +7,16 @@ Usage::
         --inject=slow:worker:2:x3@5s-40s --inject=kill:worker:1@30s --report_json=r.json
     antdt-launch --backend=agents --master=10.0.0.5:7470 --num_hosts=3 --data=/shared/d.adtr
 
-By default (``--backend=local``) it starts one ``antdt-agent`` per simulated host and,
-through that backend (``antdt_tf.backends.local``), the master (``antdt-master`` with a
-state dir), the PS and worker ``tf.distribute.Server`` tasks and the coordinator
-(``antdt-coordinator``). With ``--backend=agents`` the hosts are the ones whose agents
-registered with the master at ``--master`` (``antdt_tf.backends.agents``; see
-docs/backends.md). Every process change — start, kill, relaunch, slowdown — is a
-request to the agent that owns the task. The chief reads the cluster's addresses from
-the master, where the launcher publishes them. While the job runs it shows a progress
-line (records, shards, records/s, ETA, each worker's share) and supervises
-(``antdt_tf.launcher.job``):
+It is a client of the master, which owns the job: it submits a typed ``JobSpec`` and
+follows the job (``antdt_tf.launcher.follow``). By default (``--backend=local``) it first
+starts one ``antdt-agent`` per simulated host on loopback and an ``antdt-master`` (state
+in the workdir) — restarting that master if it dies; with ``--backend=agents`` it submits
+to the running master at ``--master``, whose hosts are the agents registered with it
+(docs/backends.md). The master's job control (``antdt_tf.master.job_control``) starts
+the PS and worker ``tf.distribute.Server`` tasks and the coordinator through the
+backend, publishes the cluster's addresses for the chief, and supervises
+(``antdt_tf.launcher.job``); the launcher shows a progress line (records, shards,
+records/s, ETA, each worker's share) and the job's events:
 
 - a worker that died is restarted on its address; TensorFlow re-joins it and re-runs its
   closure (the slot progress on the PS resumes the shard after its applied batches);
@@ -24,7 +24,8 @@ line (records, shards, records/s, ETA, each worker's share) and supervises
   75 and is relaunched, restoring model and sharding state from the last shard-boundary
   checkpoint;
 - a coordinator that died is relaunched (same restore);
-- a master that died is restarted on its state dir (local backend);
+- a master that died is restarted on its state dir (local backend: by the launcher);
+  it resumes the job, adopting the tasks that still run;
 - a task whose host is lost comes back on another host, at a new address; for a worker
   the chief restarts with the new cluster and restores.
 
@@ -48,7 +49,6 @@ from antdt_tf.agent.inject import parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
 from antdt_tf.launcher.config import (SOURCE_ROOT, TF1_APIS, JobConfig, generate_data,
                                       skips_refused_leases)
-from antdt_tf.launcher.job import JobRunner
 from antdt_tf.launcher.report import summary_table
 
 FLAGS = flags.FLAGS
@@ -269,7 +269,14 @@ def main(argv):
     for inj in cfg.injections:
         print(f"  inject: {inj}", file=sys.stderr)
     try:
-        report = JobRunner(cfg).run()
+        if cfg.agents:
+            from antdt_tf.launcher.follow import follow
+
+            report = follow(cfg, cfg.master)
+        else:
+            from antdt_tf.launcher.follow import run_local
+
+            report = run_local(cfg)
     except (RuntimeError, TimeoutError, AntdtError) as e:
         print(f"antdt-launch: the job failed: {e}\n  logs: {cfg.workdir}/host*/", file=sys.stderr)
         return 1

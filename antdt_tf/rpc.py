@@ -12,7 +12,8 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
 from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, DatasetConflict,
-                             IncompatibleState, InvalidRequest, LeaseNotHeld, StaleGeneration,
+                             IncompatibleState, InvalidRequest, JobConflict, LeaseNotHeld,
+                             StaleGeneration,
                              StaleIncarnation, TaskAlreadyRunning, UnknownDataset, UnknownTask)
 
 ERROR_CODES: dict[type, grpc.StatusCode] = {
@@ -20,6 +21,7 @@ ERROR_CODES: dict[type, grpc.StatusCode] = {
     UnknownDataset: grpc.StatusCode.NOT_FOUND,
     UnknownTask: grpc.StatusCode.NOT_FOUND,
     DatasetConflict: grpc.StatusCode.ALREADY_EXISTS,
+    JobConflict: grpc.StatusCode.ALREADY_EXISTS,
     StaleIncarnation: grpc.StatusCode.FAILED_PRECONDITION,
     LeaseNotHeld: grpc.StatusCode.FAILED_PRECONDITION,
     IncompatibleState: grpc.StatusCode.FAILED_PRECONDITION,

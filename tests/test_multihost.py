@@ -1,7 +1,8 @@
 """Whole jobs across real hosts: three network namespaces with their own addresses in
 198.18.0.0/24, an ``antdt-agent`` on each that registers with a real master on the
 bridge address (every call authenticated with the job's token), and ``antdt-launch
---backend=agents`` placing PS, workers and chief on them. The audit on the PS proves
+--backend=agents`` submitting the job to that master, which places PS, workers and chief
+on them. The audit on the PS proves
 every record was applied exactly once — through a straggler moved to another host (a
 new address: the chief restarts with the new cluster) and through the loss of a whole
 host (every process of its namespace SIGKILLed at once, agent included)."""
@@ -120,10 +121,10 @@ def test_a_persistent_straggler_moves_to_another_host_exactly_once(hosts, tmp_pa
 
 
 def test_the_master_killed_and_restarted_mid_job_launches_nothing_twice(hosts, tmp_path):
-    """The master (not the launcher's: it runs on its own host) is SIGKILLed at a third of
-    the records and started again on its state dir and port. Agents and workers wait for
-    it; the launcher keeps its hosts (it hears the agents directly), restarts no task,
-    and every record is applied once."""
+    """The master, which runs the job, is SIGKILLed at a third of the records and started
+    again on its state dir and port. Agents, workers and the chief wait for it; the new
+    master resumes the job — it adopts the tasks that still run, restarts none — and
+    every record is applied once."""
     from antdt_tf.sharding.client import ShardingClient
 
     net, master = hosts
@@ -156,4 +157,5 @@ def test_the_master_killed_and_restarted_mid_job_launches_nothing_twice(hosts, t
         raise
     report, out = finish(proc, tmp_path)
     assert report["restarts"] == {}, (report["restarts"], report["events"])
+    assert report["master_recoveries"] == 1          # the master resumed the job itself
     assert report["audit"]["applied_1"] == report["records"] == records, report["audit"]

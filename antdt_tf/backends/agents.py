@@ -261,6 +261,16 @@ class AgentsBackend(ClusterBackend):
                     FailureKind.HOST_LOST, 0, f"host {info.host}"))
             return info
 
+    def launches_by_task(self) -> dict[tuple[str, int], list[TaskInfo]]:
+        """Every launch the hosts list now, by task: an older generation may still run
+        beside a newer one that stands by (a move a previous controller began)."""
+        self.tasks()
+        with self._lock:
+            out: dict[tuple[str, int], list[TaskInfo]] = {}
+            for name in self._launches:
+                out.setdefault(name.key, []).append(self.launch_info(name))
+            return out
+
     def _owner(self, name: TaskName) -> tuple[str, AgentClient]:
         """The host of exactly this launch (an older generation may still run on another
         host while a standby of the next waits to take over)."""

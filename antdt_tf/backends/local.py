@@ -1,9 +1,15 @@
-"""LocalBackend: simulated hosts on this machine, one ``antdt-agent`` each, on loopback.
+"""Simulated hosts on this machine, one ``antdt-agent`` each, on loopback.
 
 The embedded default (``make demo``). Every simulated host shares loopback, so a task
 keeps its ``127.0.0.1:port`` wherever it is relaunched (stable endpoints): a moved
-worker is re-joined by TensorFlow without a cluster change. Losing a host (fault
-injection) SIGKILLs its agent; the agent's tasks die with it.
+worker is re-joined by TensorFlow without a cluster change.
+
+- :class:`LoopbackAgentsBackend`: the backend over such agents (found through the
+  master or a list), each task at the loopback address reserved for it — what the
+  master's job control uses.
+- :class:`LocalBackend`: the same, and it starts (and owns) the agents itself — what
+  ``antdt-launch`` uses to provide the hosts, and the conformance suite. Losing a host
+  (fault injection) SIGKILLs its agent; the agent's tasks die with it.
 """
 
 from __future__ import annotations
@@ -19,16 +25,39 @@ from antdt_tf.backends.base import Capabilities
 from antdt_tf.procutil import child_env, wait_for_port_file
 
 
-class LocalBackend(AgentsBackend):
+class LoopbackAgentsBackend(AgentsBackend):
+    """Agents on loopback: every task has one address, reserved up front or on first use."""
+
     capabilities = Capabilities(stable_endpoints=True, host_pinning=True, fault_injection=True)
 
+    def __init__(self, directory, ports: dict = None, host_timeout: float = 10.0):
+        super().__init__(directory, host_timeout=host_timeout)
+        self._ports: dict[tuple[str, int], int] = dict(ports or {})
+
+    def endpoint(self, job: str, index: int, host: str) -> str:
+        """The task's own loopback port, the same on every simulated host."""
+        from antdt_tf.tf.local_cluster import free_ports
+
+        with self._lock:
+            if (job, index) not in self._ports:
+                taken = set(self._ports.values())
+                self._ports[job, index] = next(p for p in iter(lambda: free_ports(1)[0], None)
+                                               if p not in taken)
+            return f"127.0.0.1:{self._ports[job, index]}"
+
+    def reserve_endpoints(self, ports: dict[tuple[str, int], int]) -> None:
+        """Use these ports for these tasks (a job that picked its ports up front)."""
+        with self._lock:
+            self._ports.update(ports)
+
+
+class LocalBackend(LoopbackAgentsBackend):
     def __init__(self, num_hosts: int, workdir, estimator_python: str = "",
                  master: str = "", host_timeout: float = 10.0, start_timeout: float = 60.0):
         if num_hosts < 1:
             raise ValueError(f"num_hosts must be >= 1, got {num_hosts}")
         self.workdir = pathlib.Path(workdir)
         self.procs: dict[str, subprocess.Popen] = {}
-        self._ports: dict[tuple[str, int], int] = {}
         addresses = []
         try:
             for h in range(num_hosts):
@@ -38,6 +67,7 @@ class LocalBackend(AgentsBackend):
             self.shutdown()
             raise
         super().__init__(StaticHosts(addresses), host_timeout=host_timeout)
+        self.agent_addresses = addresses
 
     def _start_agent(self, name: str, master: str, estimator_python: str,
                      timeout: float) -> str:
@@ -57,22 +87,6 @@ class LocalBackend(AgentsBackend):
         port = wait_for_port_file(proc, port_file, timeout, f"agent {name}",
                                   host_dir / "agent.log")
         return f"127.0.0.1:{port}"
-
-    def endpoint(self, job: str, index: int, host: str) -> str:
-        """The task's own loopback port, the same on every simulated host."""
-        from antdt_tf.tf.local_cluster import free_ports
-
-        with self._lock:
-            if (job, index) not in self._ports:
-                taken = set(self._ports.values())
-                self._ports[job, index] = next(p for p in iter(lambda: free_ports(1)[0], None)
-                                               if p not in taken)
-            return f"127.0.0.1:{self._ports[job, index]}"
-
-    def reserve_endpoints(self, ports: dict[tuple[str, int], int]) -> None:
-        """Use these ports for these tasks (a job that picked its ports up front)."""
-        with self._lock:
-            self._ports.update(ports)
 
     def lose_host(self, name: str) -> None:
         """Fault injection: SIGKILL the host's agent (its tasks die with it)."""

@@ -6,6 +6,8 @@ import dataclasses
 import pathlib
 
 from antdt_tf.agent.inject import Injection
+from antdt_tf.errors import InvalidRequest
+
 EXIT_CLUSTER_UNAVAILABLE = 75   # the coordinator's "relaunch me" (see antdt_tf.tf.coordinator)
 
 
@@ -53,11 +55,18 @@ class JobConfig:
     backend: str = "local"
     master: str = ""
     host_timeout_seconds: float = 10.0
+    # local: the loopback address of every task, picked by the submitter (job -> list)
+    addresses: dict = dataclasses.field(default_factory=dict)
 
     @property
     def agents(self) -> bool:
-        """Real hosts through a running master (no master task of our own)."""
+        """Real hosts whose agents registered with the master (else simulated hosts on
+        loopback, with the addresses the submitter picked)."""
         return self.backend == "agents"
+
+    @property
+    def slots(self) -> int:
+        return max(self.max_workers, self.num_workers)
 
     @property
     def tf1(self) -> bool:
@@ -105,3 +114,63 @@ def generate_data(workdir: pathlib.Path, train: int, held_out: int, seed: int):
     if held_out:
         records.write_records(paths[1], part(train, train + held_out))
     return str(paths[0]), str(paths[1]) if held_out else ""
+
+
+_ENUMS = {"api": ("custom_loop", "keras", "mts", "estimator"), "mode": ("async", "bsp"),
+          "data_path": ("pull", "closure"), "backend": ("local", "agents")}
+_SKIP = ("workdir", "injections", "addresses", "progress", "master")
+
+
+def to_proto(cfg: JobConfig):
+    """The JobSpec a client submits to the master."""
+    from antdt_tf.proto import job_pb2 as jpb
+
+    spec = jpb.JobSpec(workdir=str(cfg.workdir))
+    for field in spec.DESCRIPTOR.fields:
+        if field.name not in _SKIP and hasattr(cfg, field.name):
+            setattr(spec, field.name, getattr(cfg, field.name))
+    for inj in cfg.injections:
+        spec.injections.add(kind=inj.kind, job=inj.job, index=inj.index, at=inj.at,
+                            percent=inj.percent, until=inj.until or 0.0,
+                            has_until=inj.until is not None, factor=inj.factor)
+    for job in ("chief", "ps", "worker"):
+        getattr(spec, f"{job}_addresses").extend(cfg.addresses.get(job, ()))
+    return spec
+
+
+def from_proto(spec) -> JobConfig:
+    """A submitted JobSpec as the job's configuration; InvalidRequest saying what is wrong
+    (the master refuses the job, nothing starts)."""
+    names = {f.name for f in dataclasses.fields(JobConfig)}
+    kwargs = {f.name: getattr(spec, f.name) for f in spec.DESCRIPTOR.fields
+              if f.name in names and f.name not in _SKIP}
+    for name, allowed in _ENUMS.items():
+        if kwargs[name] not in allowed:
+            raise InvalidRequest(f"JobSpec.{name} must be one of {allowed}, got {kwargs[name]!r}")
+    for name in ("num_ps", "num_workers", "epochs", "batch_size", "records_per_shard",
+                 "buckets", "num_hosts"):
+        if kwargs[name] < 1:
+            raise InvalidRequest(f"JobSpec.{name} must be >= 1, got {kwargs[name]}")
+    if kwargs["max_workers"] and kwargs["max_workers"] < kwargs["num_workers"]:
+        raise InvalidRequest("JobSpec.max_workers must be 0 or >= num_workers")
+    if not kwargs["learning_rate"] > 0 or not kwargs["timeout_seconds"] > 0:
+        raise InvalidRequest("JobSpec.learning_rate and timeout_seconds must be > 0")
+    if not spec.workdir or not pathlib.Path(spec.workdir).is_absolute():
+        raise InvalidRequest(f"JobSpec.workdir must be an absolute path, got {spec.workdir!r}")
+    if not kwargs["data"]:
+        raise InvalidRequest("JobSpec.data is empty")
+    injections = tuple(
+        Injection(i.kind, i.job, i.index, i.at, i.until if i.has_until else None,
+                  i.factor or 1.0, i.percent) for i in spec.injections)
+    slots = max(kwargs["max_workers"], kwargs["num_workers"])
+    addresses = {}
+    if kwargs["backend"] == "local":
+        addresses = {"chief": list(spec.chief_addresses), "ps": list(spec.ps_addresses),
+                     "worker": list(spec.worker_addresses)}
+        want = {"chief": 1, "ps": kwargs["num_ps"], "worker": slots}
+        for job, n in want.items():
+            if len(addresses[job]) != n or not all(":" in a for a in addresses[job]):
+                raise InvalidRequest(f"JobSpec: the local backend needs {n} host:port "
+                                     f"{job} address(es), got {addresses[job]}")
+    return JobConfig(workdir=pathlib.Path(spec.workdir), injections=injections,
+                     addresses=addresses, progress=False, **kwargs)

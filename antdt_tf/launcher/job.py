@@ -1,10 +1,16 @@
 """JobRunner: one job's tasks, started, supervised and acted on through a ClusterBackend.
 
-It starts the tasks through the backend (the local one: simulated hosts on loopback,
-with the master; the agents one: real hosts registered with a running master), shows
-the progress line, restarts what died (a task whose host is lost comes back on
-another host, at a new address: the chief then restarts with the new cluster and
-restores), carries out injections and the Controller's actions, and writes the report.
+It runs inside the master (``antdt_tf.master.job_control``): the hosts are the agents
+that registered with the master — simulated hosts on loopback, each task at the address
+the submitter reserved for it (``backend=local``), or real hosts, each task at an
+address of its host (``backend=agents``). It starts the tasks, restarts what died (a
+task whose host is lost comes back on another host, at a new address: the chief then
+restarts with the new cluster and restores), carries out injections and the
+Controller's actions (each an ``ActionRun``), and builds the report.
+
+After a master restart a runner *resumes*: it adopts the launches the agents run (the
+newest generation of each task; a half-done move's newer standby is stopped), so
+nothing is launched twice, and restarts only what died meanwhile.
 """
 
 from __future__ import annotations
@@ -27,25 +33,24 @@ from antdt_tf.launcher.taskspecs import TaskContext, task_args, task_env
 class JobRunner:
     """One job: agents, master, PS, workers, coordinator, and the supervision loop."""
 
-    def __init__(self, cfg: JobConfig):
+    def __init__(self, cfg: JobConfig, master_address: str, on_event=None,
+                 resume: Optional[dict] = None):
+        """``master_address``: the master this runner runs in (the tasks reach it there);
+        ``on_event(event)``: every event, to persist; ``resume``: the state a previous
+        runner of this job saved (``saved_state()``), to carry on after a restart."""
         from antdt_tf.data.records import RecordFile
-        from antdt_tf.tf.local_cluster import free_ports
 
         self.cfg = cfg
         self.num_records = RecordFile(cfg.data).num_records
-        slots = max(cfg.max_workers, cfg.num_workers)
-        if cfg.agents:
-            # addresses come from the hosts' port ranges once the hosts are known
-            self.master_address = cfg.master
-            self.spec = {"chief": [""], "ps": [""] * cfg.num_ps, "worker": [""] * slots}
-            self.host_names: list[str] = []
-        else:
-            ports = free_ports(2 + cfg.num_ps + slots)
-            self.master_address = f"127.0.0.1:{ports[0]}"
-            self.spec = {"chief": [f"127.0.0.1:{ports[1]}"],
-                         "ps": [f"127.0.0.1:{p}" for p in ports[2:2 + cfg.num_ps]],
-                         "worker": [f"127.0.0.1:{p}" for p in ports[2 + cfg.num_ps:]]}
-            self.host_names = [f"host{h}" for h in range(cfg.num_hosts)]
+        slots = cfg.slots
+        self.master_address = master_address
+        self.on_event = on_event
+        self.resume = resume
+        # agents: addresses come from the hosts' port ranges once the hosts are known;
+        # local: the loopback addresses the submitter reserved
+        self.spec = {job: list(cfg.addresses.get(job) or [""] * n)
+                     for job, n in (("chief", 1), ("ps", cfg.num_ps), ("worker", slots))}
+        self.host_names: list[str] = []
         self.placement = place(cfg.num_ps, slots, cfg.num_hosts)
         self.active_workers = cfg.num_workers   # workers 0..n-1 train; the rest are spare slots
         self.backend = None               # the LocalBackend: one agent per simulated host
@@ -77,12 +82,16 @@ class JobRunner:
         self.trainer_records: list[int] = []   # records per worker, the chief's latest report
         # [seconds since training started, records of worker 0, 1, ...] every 0.5 s
         self.timeline: list[list] = []
+        self.injected: list[str] = []          # injections carried out (str of each)
+        self.t0_unix = time.time()
 
     # ------------------------------------------------------------------ processes
 
     def _event(self, what: str, **extra) -> dict:
         ev = {"t": round(time.monotonic() - self.t0, 2), "event": what, **extra}
         self.events.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
         line = f"[{ev['t']:6.1f}s] {what}"
         if self._progress is not None:
             self._progress.write(line)
@@ -90,29 +99,20 @@ class JobRunner:
             print(line, file=sys.stderr, flush=True)
         return ev
 
-    def _start_agents(self) -> None:
-        if self.cfg.agents:
-            self._join_hosts()
-            return
-        from antdt_tf.backends.local import LocalBackend
-
-        self.backend = LocalBackend(self.cfg.num_hosts, self.cfg.workdir,
-                                    estimator_python=self.cfg.estimator_python,
-                                    master=self.master_address)
-        ports = {("master", 0): int(self.master_address.rsplit(":", 1)[1])}
-        for job in ("chief", "ps", "worker"):
-            for i, address in enumerate(self.spec[job]):
-                ports[job, i] = int(address.rsplit(":", 1)[1])
-        self.backend.reserve_endpoints(ports)
-
     def _join_hosts(self) -> None:
-        """--backend=agents: the hosts whose agents report to the master; every task
-        gets an address on its host."""
+        """The hosts whose agents report to the master; every task gets an address on
+        its host (local: the one reserved for it)."""
         from antdt_tf.backends.agents import AgentsBackend, MasterRendezvous
+        from antdt_tf.backends.local import LoopbackAgentsBackend
 
         cfg = self.cfg
-        self.backend = AgentsBackend(MasterRendezvous(self.master_address),
-                                     host_timeout=cfg.host_timeout_seconds)
+        directory = MasterRendezvous(self.master_address)
+        if cfg.agents:
+            self.backend = AgentsBackend(directory, host_timeout=cfg.host_timeout_seconds)
+        else:
+            self.backend = LoopbackAgentsBackend(directory, {
+                (job, i): int(a.rsplit(":", 1)[1]) for job, addresses in self.spec.items()
+                for i, a in enumerate(addresses)}, host_timeout=cfg.host_timeout_seconds)
         want = max(1, cfg.num_hosts)
         deadline = time.monotonic() + 120
         while len(hosts := self.backend.hosts()) < want:
@@ -120,10 +120,10 @@ class JobRunner:
                 raise RuntimeError(f"only {len(hosts)} of {want} hosts registered with the "
                                    f"master at {self.master_address} within 120 s "
                                    "(start antdt-agent --master=... on each host)")
-            time.sleep(0.5)
+            time.sleep(0.2)
         self.host_names = sorted(h.name for h in hosts)
         self.placement = place(cfg.num_ps, len(self.spec["worker"]), len(self.host_names))
-        del self.placement["master", 0]     # the running master is not ours to start
+        del self.placement["master", 0]     # the master runs us
         for (job, index), h in self.placement.items():
             self.spec[job][index] = self.backend.endpoint(job, index, self.host_names[h])
         self._event(f"{len(self.host_names)} host(s) registered: "
@@ -227,9 +227,14 @@ class JobRunner:
         from antdt_tf.sharding.client import ShardingClient
 
         try:
-            self._start_agents()
-            if not self.cfg.agents:
-                self.start_task("master", 0)
+            self._join_hosts()
+            if self.resume is not None:
+                self._register_dataset()     # idempotent (the same spec): maybe not done yet
+                self._adopt(self.resume)
+                with ShardingClient(self.master_address, timeout=10) as admin, \
+                        MonitorClient(self.master_address) as monitor:
+                    self._supervise(admin, monitor)
+                return self._report()
             self._register_dataset()
             for i in range(len(self.spec["ps"])):
                 self.start_task("ps", i)
@@ -254,7 +259,11 @@ class JobRunner:
         from antdt_tf.backends import TaskState
 
         cfg = self.cfg
-        pending = sorted(cfg.injections, key=lambda j: (j.percent, j.at))
+        # a master's own kill is the submitter's to carry out (it runs the master);
+        # injections done before a master restart are not done again
+        pending = sorted((j for j in cfg.injections
+                          if j.job != "master" and str(j) not in self.injected),
+                         key=lambda j: (j.percent, j.at))
         ended_slowdowns: list[Injection] = []
         progress = self._progress = ProgressLine(self, admin, monitor, enabled=cfg.progress)
         deadline = time.monotonic() + cfg.timeout_seconds
@@ -266,6 +275,7 @@ class JobRunner:
                 if self.train_t0 is None and progress.started:
                     self.train_t0 = time.monotonic()
                     self.train_started_unix = time.time()
+                    self.on_event and self.on_event(None)     # save the clock
                     self.startup_seconds = self.train_t0 - self.t0
                     self._event("training started (first shard leased); injection clock starts")
                 now = time.monotonic() - (self.train_t0 or float("inf"))
@@ -599,12 +609,14 @@ class JobRunner:
                 return False
             self._execute(ScaleWorkers(num_workers=inj.index, reason=f"injected: {inj}"),
                           self._records_done(), None)
+            self.injected.append(str(inj))
             act = self.actions[-1] if self.actions else None
             if act is not None and act.phase is ActionPhase.STARTING:
                 # hold the data while the new workers start, so that a job which would
                 # end first (a fast machine, a small job) still sees the action
                 act.hold = self._hold_data(True)
             return True
+        self.injected.append(str(inj))
         if inj.kind == "kill":
             st = self.stop_task(inj.job, inj.index, kill=True)
             self._event(f"injected: SIGKILL {inj.task} (pid {st.pid})", injected=str(inj))
@@ -729,11 +741,8 @@ class JobRunner:
         try:
             for (job, index), st in sorted(self._statuses().items()):
                 cpu[f"{job}:{index}"] = round(st.cpu_seconds, 2)
-            for h in range(cfg.num_hosts if not cfg.agents else 0):   # ours, local
-                t = psutil.Process(self.backend.agent_pid(self.host_name(h))).cpu_times()
-                cpu[f"agent:host{h}"] = round(t.user + t.system, 2)
             t = psutil.Process().cpu_times()
-            cpu["launcher"] = round(t.user + t.system, 2)
+            cpu["master"] = round(t.user + t.system, 2)
         except (AntdtError, psutil.Error):
             pass
         report = {
@@ -759,7 +768,7 @@ class JobRunner:
             "policy": self.policy.name,
             "mode": cfg.mode,
             "batch_sizes": {str(w): b for w, b in self.batch_sizes.items()},
-            "actions": [a.report() for a in self.actions],
+            "actions": getattr(self, "adopted_actions", []) + [a.report() for a in self.actions],
             "health": [health_dict(h) for h in self.health],
             "timeline": self.timeline,
             # lease remainders idle workers took over (tail work-stealing)
@@ -789,16 +798,75 @@ class JobRunner:
         return report
 
     def shutdown(self) -> None:
-        """Stops every task (chief first, master last), then the agents."""
+        """Stops every task (chief first), then lets go of the backend (the hosts' agents
+        are not the runner's)."""
         if self.backend is None:
             return
-        for job in ("chief", "worker", "ps", "master"):
+        for job in ("chief", "worker", "ps"):
             for (j, i) in [k for k in self.current if k[0] == job]:
                 try:
                     self.stop_task(j, i, grace_seconds=5)
                 except AntdtError:
                     pass
-        if self.cfg.agents:
-            self.backend.close()      # the hosts' agents are not ours to stop
-        else:
-            self.backend.shutdown()
+        self.backend.close()
+
+    # ------------------------------------------------------------------ restart
+
+    def saved_state(self) -> dict:
+        """What a runner of this job needs to carry on after a master restart (JSON)."""
+        return {"restarts": [[j, i, n] for (j, i), n in self.restarts.items()],
+                "events": [{k: v for k, v in e.items() if k != "records_before"}
+                           for e in self.events],
+                "actions": [a.report() for a in self.actions if not a.pending],
+                "active_workers": self.active_workers,
+                "cluster_version": self.cluster_version,
+                "injected": list(self.injected),
+                "batch_sizes": {str(w): b for w, b in self.batch_sizes.items()},
+                "t0_unix": self.t0_unix,
+                "train_started_unix": self.train_started_unix}
+
+    def _adopt(self, saved: dict) -> None:
+        """Carry on a job after a master restart: what was done stays done (restarts,
+        events, actions, injections), and the launches the agents run are this job's
+        (the newest generation of each task), so nothing is launched twice. A move
+        that was half done (its new launch standing by beside the old one) is
+        abandoned: the newer launch is stopped, the old one serves on."""
+        now = time.monotonic()
+        self.t0 = now - (time.time() - saved.get("t0_unix", time.time()))
+        self.t0_unix = saved.get("t0_unix", self.t0_unix)
+        if saved.get("train_started_unix"):
+            self.train_started_unix = saved["train_started_unix"]
+            self.train_t0 = now - (time.time() - self.train_started_unix)
+        self.restarts = {(j, i): n for j, i, n in saved.get("restarts", [])}
+        self.events = list(saved.get("events", []))
+        self.adopted_actions = list(saved.get("actions", []))
+        self.active_workers = saved.get("active_workers", self.active_workers)
+        self.injected = list(saved.get("injected", []))
+        self.batch_sizes = {int(w): b for w, b in saved.get("batch_sizes", {}).items()}
+        from antdt_tf.monitor.client import MonitorClient
+
+        with MonitorClient(self.master_address) as monitor:   # survives in the state dir
+            self.cluster_version = max(saved.get("cluster_version", 0),
+                                       monitor.job_cluster().version)
+        self.backend.tasks()
+        adopted = []
+        for key, launches in sorted(self.backend.launches_by_task().items()):
+            running = [info for info in launches if info.running]
+            keep = min(running, key=lambda i: i.name.generation) if running else max(
+                launches, key=lambda i: i.name.generation)
+            for extra in running:
+                if extra is not keep:     # a standby of a move the old master began
+                    self.backend.stop(extra.name, kill=True)
+                    self._event(f"resume: stopped {extra.name} on {extra.host} (a move the "
+                                "previous master had not finished)")
+            self.issued[key] = max(i.name.generation for i in launches)
+            self.current[key] = keep.name
+            if keep.host in self.host_names and key in self.placement:
+                self.placement[key] = self.host_names.index(keep.host)
+            if key[0] in self.spec and keep.endpoint:
+                self.spec[key[0]][key[1]] = keep.endpoint
+            adopted.append(f"{keep.name}@{keep.host}" + ("" if keep.running else " (ended)"))
+        for key in [k for k in self.placement if k not in self.current
+                    and not (k[0] == "worker" and k[1] >= self.active_workers)]:
+            self.start_task(*key)          # never launched before the restart
+        self._event(f"resumed after a master restart: adopted {', '.join(adopted) or 'nothing'}")

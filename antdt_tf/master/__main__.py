@@ -20,6 +20,13 @@ Network: binds 127.0.0.1 by default. Listening on other interfaces needs an expl
 ``--token_file``; every call but health checks must carry it, see ``antdt_tf.auth``);
 without a token such a bind is refused unless ``--allow_unauthenticated_network_access``.
 
+Jobs: a client (``antdt-launch``) submits a job (``antdt.v1.JobService.SubmitJob``, a
+typed ``JobSpec``); the master persists it in ``--state_dir`` and runs it — its tasks
+started, supervised, moved and scaled through a cluster backend (the agents that
+registered with this master), its injections and the Controller's actions carried out
+(``antdt_tf.master.job_control``). Started again on the same state dir, the master
+resumes a running job, adopting the tasks that still run.
+
 Signals: SIGTERM/SIGINT go NOT_SERVING on the health service, drain in-flight calls for
 ``--grace_seconds``, write a final snapshot and exit 0.
 """
@@ -54,6 +61,8 @@ flags.DEFINE_enum("fsync", "interval", list(FSYNC_MODES), "When the journal is f
                   "a machine crash may lose up to the interval).")
 flags.DEFINE_integer("snapshot_every", 100_000, "Compact the journal into a snapshot after "
                      "this many events.")
+flags.DEFINE_string("advertise", "", "The address the job's tasks reach this master at "
+                    "(default: --bind; 127.0.0.1 for a wildcard bind).")
 flags.DEFINE_boolean("discard_corrupt_state", False, "Move a damaged state_dir aside "
                      "(state_dir/corrupt-<time>/) and start fresh instead of refusing to start.")
 flags.DEFINE_float("lease_min_seconds", 30.0, "Shortest lease, whatever the observed speed.")
@@ -116,14 +125,16 @@ def _write_port_file(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
-async def _serve(servicer: ShardingServicer, token: str, view) -> None:
+async def _serve(servicer: ShardingServicer, token: str, view, jobs) -> None:
     from antdt_tf.monitor.service import ClusterMonitorServicer
 
     server = MasterServer(servicer, bind=FLAGS.bind, port=FLAGS.port,
                           tick_seconds=FLAGS.tick_seconds, token=token,
-                          monitor=ClusterMonitorServicer(view))
+                          monitor=ClusterMonitorServicer(view), job_control=jobs)
     await server.start()
     log.info("[master] serving antdt.v1.ShardingService on %s (pid %d)", server.address, os.getpid())
+    jobs.master_address = f"{_advertised_host()}:{server.port}"
+    jobs.start()      # a job that was running when this master stopped carries on
     if FLAGS.port_file:
         _write_port_file(FLAGS.port_file, server.port)
     stop = asyncio.Event()
@@ -134,6 +145,15 @@ async def _serve(servicer: ShardingServicer, token: str, view) -> None:
     log.info("[master] shutting down: draining for up to %.1fs", FLAGS.grace_seconds)
     await server.stop(FLAGS.grace_seconds)
     log.info("[master] stopped; state flushed")
+
+
+def _advertised_host() -> str:
+    """Where the job's tasks reach this master: --advertise, else the bound address
+    (loopback for a wildcard bind)."""
+    host = FLAGS.advertise or FLAGS.bind
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def main(argv):
@@ -172,7 +192,14 @@ def main(argv):
         print(f"antdt-master: error: {e}\n  (move or delete the file to start without "
               "the job's cluster; the launcher publishes it again)", file=sys.stderr)
         return 3
-    _run_event_loop(_serve(ShardingServicer(state, store), token, view))
+    from antdt_tf.master.job_control import JobControl
+
+    try:
+        jobs = JobControl(FLAGS.state_dir)
+    except CorruptState as e:
+        print(f"antdt-master: error: {e}", file=sys.stderr)
+        return 3
+    _run_event_loop(_serve(ShardingServicer(state, store), token, view, jobs))
     return 0
 
 

@@ -21,7 +21,8 @@ class MasterServer:
     """The master's gRPC server: sharding service, cluster monitor, health service."""
 
     def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
-                 tick_seconds: float = 0.5, monitor=None, token: str = ""):
+                 tick_seconds: float = 0.5, monitor=None, token: str = "",
+                 job_control=None):
         self.servicer = servicer
         self.monitor = monitor if monitor is not None else ClusterMonitorServicer(ClusterView())
         self.tf_rpc = TfRpcServicer(servicer, on_step=self.monitor.view.observe_step,
@@ -30,6 +31,7 @@ class MasterServer:
         self.requested_port = port
         self.tick_seconds = tick_seconds
         self.token = token      # the job's token: every call but health checks needs it
+        self.job_control = job_control      # antdt.v1.JobService (None: not served)
         self.port: Optional[int] = None
         self._server: Optional[grpc.aio.Server] = None
         self._health = health.aio.HealthServicer()
@@ -46,6 +48,8 @@ class MasterServer:
         self._server.add_generic_rpc_handlers((generic_handler(self.servicer),
                                                self.monitor.generic_handler(),
                                                self.tf_rpc.generic_handler()))
+        if self.job_control is not None:
+            self._server.add_generic_rpc_handlers((self.job_control.generic_handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         host = f"[{self.bind}]" if ":" in self.bind else self.bind
         self.port = self._server.add_insecure_port(f"{host}:{self.requested_port}")
@@ -88,12 +92,13 @@ class BackgroundMaster:
     """
 
     def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
-                 tick_seconds: float = 0.5, monitor=None, token: str = ""):
+                 tick_seconds: float = 0.5, monitor=None, token: str = "",
+                 job_control=None):
         import threading
 
         self._loop = asyncio.new_event_loop()
         self.server = MasterServer(servicer, bind=bind, port=port, tick_seconds=tick_seconds,
-                                   monitor=monitor, token=token)
+                                   monitor=monitor, token=token, job_control=job_control)
         self._thread = threading.Thread(target=self._loop.run_forever, name="antdt-master",
                                         daemon=True)
 

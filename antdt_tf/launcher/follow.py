@@ -1,0 +1,219 @@
+"""antdt-launch as a client of the master: submit the job, follow it, fetch the report.
+
+- :func:`run_local`: the embedded default. Starts one agent per simulated host on
+  loopback (``LocalBackend``) and an ``antdt-master`` process (state in the job's
+  workdir) that owns the job; the launcher restarts that master if it dies (and kills it
+  for ``kill:master`` injections) — the master then resumes the job from its state dir.
+- :func:`follow`: submit a ``JobSpec`` to a master and follow it to the end: the
+  progress line, the job's events as they happen, the report.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+import grpc
+
+from antdt_tf import auth
+from antdt_tf.errors import AntdtError
+from antdt_tf.launcher.config import JobConfig, to_proto
+from antdt_tf.proto import job_pb2 as jpb
+from antdt_tf.proto import job_pb2_grpc as jpb_grpc
+
+TERMINAL = (jpb.JobStatus.SUCCEEDED, jpb.JobStatus.FAILED)
+
+
+class JobClient:
+    """``antdt.v1.JobService`` of one master."""
+
+    def __init__(self, address: str, timeout: float = 30.0):
+        self._channel = auth.channel(address)
+        self._stub = jpb_grpc.JobServiceStub(self._channel)
+        self.address, self.timeout = address, timeout
+
+    def _call(self, method: str, request, wait: bool = True):
+        from antdt_tf.sharding.client import _raise_typed
+
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout,
+                                               wait_for_ready=wait)
+        except grpc.RpcError as e:
+            _raise_typed(e, f"master {self.address} {method}")
+
+    def submit(self, spec: jpb.JobSpec) -> jpb.JobStatus:
+        return self._call("SubmitJob", jpb.SubmitJobRequest(spec=spec))
+
+    def get(self, events_from: int = 0, wait: bool = True) -> jpb.JobStatus:
+        return self._call("GetJob", jpb.GetJobRequest(events_from=events_from), wait)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class _Follower:
+    """What the progress line reads (``antdt_tf.launcher.progress.ProgressLine``)."""
+
+    def __init__(self, cfg: JobConfig, num_records: int):
+        self.cfg, self.num_records = cfg, num_records
+        self.t0 = time.monotonic()
+        self.train_t0: Optional[float] = None
+        self.timeline: list = []       # the master's runner keeps the job's own
+
+
+class EmbeddedMaster:
+    """The ``antdt-master`` process of a local job, restarted on its state dir."""
+
+    def __init__(self, cfg: JobConfig, port: int):
+        self.cfg, self.port = cfg, port
+        self.proc: Optional[subprocess.Popen] = None
+        self.restarts = 0
+        self.log_path = cfg.workdir / "master.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> None:
+        from antdt_tf.procutil import child_env, wait_for_port_file
+
+        cfg = self.cfg
+        port_file = cfg.workdir / "master.port"
+        port_file.unlink(missing_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "antdt_tf.master", f"--port={self.port}",
+                 f"--port_file={port_file}", f"--state_dir={cfg.workdir / 'master'}",
+                 f"--straggler_window_seconds={cfg.straggler_window_seconds}",
+                 f"--straggler_slow_ratio={cfg.straggler_slow_ratio}",
+                 f"--straggler_persistent_after_seconds="
+                 f"{cfg.straggler_persistent_after_seconds}"],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                env=child_env())
+        wait_for_port_file(self.proc, port_file, timeout, "antdt-master", self.log_path)
+
+    def kill(self) -> int:
+        pid = self.proc.pid
+        self._signal(signal.SIGKILL)
+        self.proc.wait()
+        return pid
+
+    def _signal(self, sig) -> None:
+        import os
+
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.proc.wait()
+
+
+def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = None) -> dict:
+    """Submits ``cfg`` to ``master`` and follows the job to its end; returns the report
+    (with the embedded master's own failures and restarts added)."""
+    from antdt_tf.data.records import RecordFile
+    from antdt_tf.launcher.progress import ProgressLine
+    from antdt_tf.monitor.client import MonitorClient
+    from antdt_tf.sharding.client import ShardingClient
+
+    job = _Follower(cfg, RecordFile(cfg.data).num_records)
+    mine: list[dict] = []              # the launcher's own events (the embedded master)
+    kills = sorted((j for j in cfg.injections if j.job == "master"),
+                   key=lambda j: (j.percent, j.at))
+    client = JobClient(master)
+    status = client.submit(to_proto(cfg))
+    seen = 0
+    deadline = time.monotonic() + cfg.timeout_seconds + 60
+    with ShardingClient(master, timeout=10) as admin, MonitorClient(master) as monitor:
+        progress = ProgressLine(job, admin, monitor, enabled=cfg.progress)
+
+        def event(text: str, **extra) -> dict:
+            ev = {"t": round(time.monotonic() - job.t0, 2), "event": text, **extra}
+            mine.append(ev)
+            progress.write(f"[{ev['t']:6.1f}s] {text}")
+            return ev
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the job did not finish within {cfg.timeout_seconds:g}s")
+                if embedded is not None and embedded.proc.poll() is not None:
+                    code = embedded.proc.returncode
+                    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+                    embedded.restarts += 1
+                    if embedded.restarts > cfg.max_restarts:
+                        raise RuntimeError(f"the master failed {embedded.restarts} times "
+                                           f"({how}); see {embedded.log_path}")
+                    event(f"master:0 {how}; restarting it (restart {embedded.restarts})",
+                          task="master:0", failure=how)
+                    embedded.start()
+                try:
+                    status = client.get(seen, wait=False)
+                except AntdtError:
+                    time.sleep(0.25)       # the master restarting
+                    continue
+                for e in status.events:
+                    progress.write(f"[{e.t:6.1f}s] {e.text}")
+                seen = status.events_total
+                if status.state in TERMINAL:
+                    progress.update(final=True)
+                    break
+                progress.update()
+                if job.train_t0 is None and progress.started:
+                    job.train_t0 = time.monotonic()
+                if kills and embedded is not None and job.train_t0 is not None:
+                    inj = kills[0]
+                    done = (100.0 * progress.records / max(1, progress.total) if inj.percent
+                            else time.monotonic() - job.train_t0)
+                    if done >= inj.at:
+                        kills.pop(0)
+                        pid = embedded.kill()
+                        event(f"injected: SIGKILL {inj.task} (pid {pid})", injected=str(inj))
+                time.sleep(0.25)
+        finally:
+            progress.close()
+            client.close()
+    if not status.report_path:
+        raise RuntimeError(f"the job failed: {status.message}")
+    report = json.loads(pathlib.Path(status.report_path).read_text())
+    if status.state == jpb.JobStatus.FAILED and not report.get("audit"):
+        raise RuntimeError(f"the job failed: {status.message}")
+    report["failures"] = sorted(report["failures"] + [e for e in mine if "failure" in e],
+                                key=lambda e: e["t"])
+    report["events"] = sorted(report["events"] + mine, key=lambda e: e["t"])
+    if embedded is not None and embedded.restarts:
+        report["restarts"]["master:0"] = embedded.restarts
+    report["master_recoveries"] = status.recoveries
+    return report
+
+
+def run_local(cfg: JobConfig) -> dict:
+    """The whole job on this machine: agents for the simulated hosts, the master, the job."""
+    from antdt_tf.backends.local import LocalBackend
+    from antdt_tf.tf.local_cluster import free_ports
+
+    ports = free_ports(2 + cfg.num_ps + cfg.slots)
+    cfg.addresses = {"chief": [f"127.0.0.1:{ports[1]}"],
+                     "ps": [f"127.0.0.1:{p}" for p in ports[2:2 + cfg.num_ps]],
+                     "worker": [f"127.0.0.1:{p}" for p in ports[2 + cfg.num_ps:]]}
+    master = EmbeddedMaster(cfg, ports[0])
+    hosts = LocalBackend(cfg.num_hosts, cfg.workdir, estimator_python=cfg.estimator_python,
+                         master=master.address)
+    try:
+        master.start()
+        return follow(cfg, master.address, embedded=master)
+    finally:
+        master.stop()
+        hosts.shutdown()
