@@ -213,12 +213,14 @@ def config_from_flags() -> JobConfig:
             FLAGS.relaunch_cost_seconds, FLAGS.replace_ps_cost_seconds) < 0:
         raise app.UsageError("--controller_interval_seconds must be > 0 and the cost "
                              "estimates >= 0")
-    workdir = pathlib.Path(FLAGS.workdir or tempfile.mkdtemp(prefix="antdt-job-"))
+    # absolute paths: the master that runs the job may have another working directory
+    workdir = pathlib.Path(FLAGS.workdir or tempfile.mkdtemp(prefix="antdt-job-")).resolve()
     if (workdir / "master").exists() or (workdir / "checkpoints").exists():
         raise app.UsageError(f"--workdir={workdir} holds a previous job's master state or "
                              "checkpoints; use a new directory (or delete it)")
     workdir.mkdir(parents=True, exist_ok=True)
-    data, eval_data = FLAGS.data, FLAGS.eval_data
+    data, eval_data = (str(pathlib.Path(f).resolve()) if f else "" for f in
+                       (FLAGS.data, FLAGS.eval_data))
     if data:
         from antdt_tf.data.records import RecordFile
         try:
@@ -234,7 +236,8 @@ def config_from_flags() -> JobConfig:
               f"records into {workdir / 'data'}", file=sys.stderr)
         data, eval_data = generate_data(workdir, FLAGS.generate_records, FLAGS.eval_records,
                                         FLAGS.data_seed)
-    ckpt = FLAGS.checkpoint_dir or str(workdir / "checkpoints")
+    ckpt = str(pathlib.Path(FLAGS.checkpoint_dir).resolve()) if FLAGS.checkpoint_dir else str(
+        workdir / "checkpoints")
     return JobConfig(
         num_ps=FLAGS.num_ps, num_workers=FLAGS.num_workers,
         num_hosts=FLAGS.num_hosts or (1 if FLAGS.backend == "agents" else FLAGS.num_workers),

@@ -3,7 +3,6 @@ nothing is kept; a valid one is persisted, a retried submit answers the same job
 another job is refused; a master on the same state dir resumes the running job; a
 corrupt job file stops it. (The runner itself is exercised by every launch test.)"""
 
-import pathlib
 
 import grpc
 import pytest

@@ -159,3 +159,40 @@ def test_the_master_killed_and_restarted_mid_job_launches_nothing_twice(hosts, t
     assert report["restarts"] == {}, (report["restarts"], report["events"])
     assert report["master_recoveries"] == 1          # the master resumed the job itself
     assert report["audit"]["applied_1"] == report["records"] == records, report["audit"]
+
+
+def test_the_job_goes_on_without_the_launcher(hosts, tmp_path):
+    """The launcher only submits and follows: SIGKILLed at a third of the records, the
+    job still runs to its end in the master, which writes the report."""
+    from antdt_tf.launcher.follow import JobClient
+    from antdt_tf.proto import job_pb2 as jpb
+    from antdt_tf.sharding.client import ShardingClient
+
+    net, master = hosts
+    records = 150_000
+    proc = subprocess.Popen(launch_cmd(tmp_path, master, "--num_ps=1", "--num_workers=2",
+                                       "--policy=dynamic", records=records),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with ShardingClient(master, timeout=10) as admin:
+            deadline = time.monotonic() + 300
+            while True:
+                assert proc.poll() is None and time.monotonic() < deadline
+                try:
+                    if admin.progress("train").datasets[0].records_done_total >= records // 3:
+                        break
+                except Exception:
+                    pass
+                time.sleep(0.1)
+    finally:
+        proc.kill()                  # the launcher we started
+        proc.wait()
+    client = JobClient(master, timeout=10)
+    deadline = time.monotonic() + 300
+    while (status := client.get()).state == jpb.JobStatus.RUNNING:
+        assert time.monotonic() < deadline, [e.text for e in status.events]
+        time.sleep(0.5)
+    client.close()
+    assert status.state == jpb.JobStatus.SUCCEEDED, status.message
+    report = json.loads(pathlib.Path(status.report_path).read_text())
+    assert report["audit"]["applied_1"] == report["records"] == records, report["audit"]

@@ -85,7 +85,8 @@ class AgentServicer:
         return cpb.ListTasksResponse(host=self.host, tasks=self.supervisor.list(),
                                      advertise=self.advertise,
                                      first_task_port=self.task_ports[0],
-                                     last_task_port=self.task_ports[1])
+                                     last_task_port=self.task_ports[1],
+                                     load_per_cpu=host_load())
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         from google.protobuf import message_factory
@@ -115,6 +116,11 @@ class AgentServicer:
         return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
+def host_load() -> float:
+    """The host's 1-minute load average per CPU."""
+    return os.getloadavg()[0] / (os.cpu_count() or 1)
+
+
 class _Reporter:
     """Sends the agent's task list to the master periodically and on every exit."""
 
@@ -137,7 +143,8 @@ class _Reporter:
             try:
                 s = self.servicer
                 self.client.report_agent(s.host, self.address, self.supervisor_ref().list(),
-                                         advertise=s.advertise, task_ports=s.task_ports)
+                                         advertise=s.advertise, task_ports=s.task_ports,
+                                         load_per_cpu=host_load())
             except AntdtError as e:   # master down or restarting: report again next time
                 log.debug("liveness report not delivered: %s", e)
 

@@ -54,7 +54,7 @@ class StaticHosts:
             except AntdtError:
                 continue         # not answering: the backend's timeout decides
             out.append(AgentRecord(Host(r.host, r.advertise, r.first_task_port,
-                                        r.last_task_port), address))
+                                        r.last_task_port, r.load_per_cpu), address))
         return out
 
 
@@ -68,7 +68,8 @@ class MasterRendezvous:
 
     def agents(self, clients) -> list[AgentRecord]:
         status = self.monitor.status()
-        return [AgentRecord(Host(a.host, a.advertise, a.first_task_port, a.last_task_port),
+        return [AgentRecord(Host(a.host, a.advertise, a.first_task_port, a.last_task_port,
+                                 a.load_per_cpu),
                             a.agent_address, max(0.0, status.unix_time - a.unix_time))
                 for a in status.agents]
 

@@ -124,6 +124,7 @@ class Host:
     address: str              # where other hosts reach this host's tasks
     first_port: int = 0       # ports its tasks may serve on
     last_port: int = 0
+    load: float = 0.0         # 1-minute load average per CPU (everything the host runs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,9 +205,11 @@ class ClusterBackend(abc.ABC):
 
     def place(self, placement: Placement = Placement(),
               load: Optional[dict[str, int]] = None) -> str:
-        """A live host that ``placement`` allows, the least loaded (``load``: tasks per
-        host; default: the running tasks) first; Unschedulable when there is none."""
-        live = [h.name for h in self.hosts()]
+        """A live host that ``placement`` allows: the fewest of the job's tasks (``load``:
+        tasks per host; default: the running ones), then the least busy host (its load
+        per CPU: other jobs on a shared host); Unschedulable when there is none."""
+        hosts = {h.name: h for h in self.hosts()}
+        live = list(hosts)
         allowed = [h for h in live if placement.allows(h)]
         if not allowed:
             raise Unschedulable(f"no live host for placement {placement} (live hosts: "
@@ -216,7 +219,7 @@ class ClusterBackend(abc.ABC):
             for info in self.tasks().values():
                 if info.running:
                     load[info.host] = load.get(info.host, 0) + 1
-        return min(allowed, key=lambda h: (load.get(h, 0), h))
+        return min(allowed, key=lambda h: (load.get(h, 0), round(hosts[h].load, 1), h))
 
     def close(self) -> None:
         """Releases the backend's own resources (not the job's tasks)."""

@@ -382,15 +382,20 @@ class JobRunner:
             return
 
     def _other_host(self, job: str, index: int) -> int:
-        """The least loaded host other than the task's own."""
-        load = [0] * len(self.host_names)
+        """A live host other than the task's own: the fewest of the job's PS and
+        workers, then the least busy (its load per CPU)."""
+        from antdt_tf.backends import Placement
+
+        tasks = {n: 0 for n in self.host_names}
         for (j, _), h in self.placement.items():
             if j in ("ps", "worker"):
-                load[h] += 1
-        here = self.placement[job, index]
-        live = self.live_hosts()
-        candidates = [h for h in live if h != here] or live or [here]
-        return min(candidates, key=lambda h: (load[h], h))
+                tasks[self.host_names[h]] += 1
+        here = self.host_name(self.placement[job, index])
+        try:
+            name = self.backend.place(Placement(avoid=frozenset({here})), load=tasks)
+        except AntdtError:          # no other live host: stay
+            return self.placement[job, index]
+        return self.host_names.index(name)
 
     def _execute(self, action, records: int, status) -> None:
         """Starts an action: the new process first imports TF on the other host and

@@ -35,10 +35,10 @@ class MonitorClient:
             _raise_typed(e, method)
 
     def report_agent(self, host: str, agent_address: str, tasks, advertise: str = "",
-                     task_ports: tuple[int, int] = (0, 0)) -> bool:
+                     task_ports: tuple[int, int] = (0, 0), load_per_cpu: float = 0.0) -> bool:
         report = cpb.AgentReport(host=host, agent_address=agent_address, seq=next(self._seq),
                                  advertise=advertise, first_task_port=task_ports[0],
-                                 last_task_port=task_ports[1])
+                                 last_task_port=task_ports[1], load_per_cpu=load_per_cpu)
         report.tasks.extend(tasks)
         return self._call("ReportAgent", report, wait=False).accepted
 

@@ -111,21 +111,23 @@ class ListTasksRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListTasksResponse(_message.Message):
-    __slots__ = ("host", "tasks", "advertise", "first_task_port", "last_task_port")
+    __slots__ = ("host", "tasks", "advertise", "first_task_port", "last_task_port", "load_per_cpu")
     HOST_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     ADVERTISE_FIELD_NUMBER: _ClassVar[int]
     FIRST_TASK_PORT_FIELD_NUMBER: _ClassVar[int]
     LAST_TASK_PORT_FIELD_NUMBER: _ClassVar[int]
+    LOAD_PER_CPU_FIELD_NUMBER: _ClassVar[int]
     host: str
     tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
     advertise: str
     first_task_port: int
     last_task_port: int
-    def __init__(self, host: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., advertise: _Optional[str] = ..., first_task_port: _Optional[int] = ..., last_task_port: _Optional[int] = ...) -> None: ...
+    load_per_cpu: float
+    def __init__(self, host: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., advertise: _Optional[str] = ..., first_task_port: _Optional[int] = ..., last_task_port: _Optional[int] = ..., load_per_cpu: _Optional[float] = ...) -> None: ...
 
 class AgentReport(_message.Message):
-    __slots__ = ("host", "agent_address", "seq", "unix_time", "tasks", "advertise", "first_task_port", "last_task_port")
+    __slots__ = ("host", "agent_address", "seq", "unix_time", "tasks", "advertise", "first_task_port", "last_task_port", "load_per_cpu")
     HOST_FIELD_NUMBER: _ClassVar[int]
     AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +136,7 @@ class AgentReport(_message.Message):
     ADVERTISE_FIELD_NUMBER: _ClassVar[int]
     FIRST_TASK_PORT_FIELD_NUMBER: _ClassVar[int]
     LAST_TASK_PORT_FIELD_NUMBER: _ClassVar[int]
+    LOAD_PER_CPU_FIELD_NUMBER: _ClassVar[int]
     host: str
     agent_address: str
     seq: int
@@ -142,7 +145,8 @@ class AgentReport(_message.Message):
     advertise: str
     first_task_port: int
     last_task_port: int
-    def __init__(self, host: _Optional[str] = ..., agent_address: _Optional[str] = ..., seq: _Optional[int] = ..., unix_time: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., advertise: _Optional[str] = ..., first_task_port: _Optional[int] = ..., last_task_port: _Optional[int] = ...) -> None: ...
+    load_per_cpu: float
+    def __init__(self, host: _Optional[str] = ..., agent_address: _Optional[str] = ..., seq: _Optional[int] = ..., unix_time: _Optional[float] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., advertise: _Optional[str] = ..., first_task_port: _Optional[int] = ..., last_task_port: _Optional[int] = ..., load_per_cpu: _Optional[float] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
     __slots__ = ("worker", "shards", "records")
