@@ -43,6 +43,24 @@ def launch_cmd(tmp_path, master, *flags, records):
             f"--report_json={tmp_path / 'report.json'}", "--timeout_seconds=400", *flags]
 
 
+def wait_for_records(master: str, count: int, launcher) -> None:
+    """Returns once the master counts ``count`` records done (the job registered and
+    trained that far) — triggers on progress, not on time."""
+    from antdt_tf.errors import AntdtError
+    from antdt_tf.sharding.client import ShardingClient
+
+    with ShardingClient(master, timeout=10) as admin:
+        deadline = time.monotonic() + 300
+        while True:
+            assert launcher.poll() is None and time.monotonic() < deadline
+            try:
+                if admin.progress("train").datasets[0].records_done_total >= count:
+                    return
+            except AntdtError:
+                pass            # not registered yet, or the master restarting
+            time.sleep(0.1)
+
+
 def finish(proc, tmp_path):
     out, _ = proc.communicate(timeout=450)
     assert proc.returncode == 0, out[-6000:]
@@ -64,27 +82,15 @@ def test_a_job_trains_across_three_hosts_exactly_once(hosts, tmp_path):
 
 def test_losing_a_host_relaunches_its_tasks_elsewhere_exactly_once(hosts, tmp_path):
     """Host h0 runs the chief, ps:0 and worker:1: all of it SIGKILLed at once, agent
-    included, at a third of the job. The launcher sees the host lost, relaunches its
+    included, at a third of the job. The master sees the host lost, relaunches its
     tasks on h1/h2 (new addresses), the chief restores the last checkpoint."""
-    from antdt_tf.sharding.client import ShardingClient
-
     net, master = hosts
     records = 300_000
     proc = subprocess.Popen(launch_cmd(tmp_path, master, "--num_ps=2", "--num_workers=2",
                                        "--policy=dynamic", records=records),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        with ShardingClient(master, timeout=10) as admin:
-            deadline = time.monotonic() + 300
-            while True:       # on progress, not time: a third of the records trained
-                assert proc.poll() is None and time.monotonic() < deadline
-                try:
-                    p = admin.progress("train").datasets[0]
-                    if p.records_done_total >= records // 3:
-                        break
-                except Exception:
-                    pass          # not registered yet
-                time.sleep(0.1)
+        wait_for_records(master, records // 3, proc)   # progress, not time
         lost = net.kill_host(0)
         assert len(lost) >= 4        # agent, chief, ps:0, worker:1
     except BaseException:
@@ -125,24 +131,13 @@ def test_the_master_killed_and_restarted_mid_job_launches_nothing_twice(hosts, t
     again on its state dir and port. Agents, workers and the chief wait for it; the new
     master resumes the job — it adopts the tasks that still run, restarts none — and
     every record is applied once."""
-    from antdt_tf.sharding.client import ShardingClient
-
     net, master = hosts
     records = 200_000
     proc = subprocess.Popen(launch_cmd(tmp_path, master, "--num_ps=1", "--num_workers=2",
                                        "--policy=dynamic", records=records),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        with ShardingClient(master, timeout=10) as admin:
-            deadline = time.monotonic() + 300
-            while True:
-                assert proc.poll() is None and time.monotonic() < deadline
-                try:
-                    if admin.progress("train").datasets[0].records_done_total >= records // 3:
-                        break
-                except Exception:
-                    pass
-                time.sleep(0.1)
+        wait_for_records(master, records // 3, proc)
         old = net.procs[0]                       # the master, started first
         old.kill()
         old.wait()
@@ -166,7 +161,6 @@ def test_the_job_goes_on_without_the_launcher(hosts, tmp_path):
     job still runs to its end in the master, which writes the report."""
     from antdt_tf.launcher.follow import JobClient
     from antdt_tf.proto import job_pb2 as jpb
-    from antdt_tf.sharding.client import ShardingClient
 
     net, master = hosts
     records = 150_000
@@ -174,16 +168,7 @@ def test_the_job_goes_on_without_the_launcher(hosts, tmp_path):
                                        "--policy=dynamic", records=records),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        with ShardingClient(master, timeout=10) as admin:
-            deadline = time.monotonic() + 300
-            while True:
-                assert proc.poll() is None and time.monotonic() < deadline
-                try:
-                    if admin.progress("train").datasets[0].records_done_total >= records // 3:
-                        break
-                except Exception:
-                    pass
-                time.sleep(0.1)
+        wait_for_records(master, records // 3, proc)
     finally:
         proc.kill()                  # the launcher we started
         proc.wait()
