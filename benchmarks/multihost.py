@@ -4,7 +4,7 @@ the agents backend beside the local one, in one run.
 Usage (as root: the hosts are network namespaces)::
 
     python -m benchmarks.multihost [--records=600000] [--loss_records=600000]
-        [--out=benchmarks/results/multihost.md]
+        [--move_records=1200000] [--out=benchmarks/results/multihost.md]
 
 Hosts: three network namespaces with their own addresses in 198.18.0.0/24 (our own test
 hosts, ``tests/netns.py``), an ``antdt-agent`` on each registered with a master on the
@@ -20,8 +20,13 @@ the tasks. A fresh master and agents per job.
    workers), ``static`` vs ``antdt-nd``, on the local backend (simulated hosts on
    loopback: a moved worker keeps its address, TF re-joins it) and on the agents
    backend (a moved worker gets another host's address: the chief restarts with the
-   new cluster and restores). The move's cost is the action's ``recovered_after_s``
-   (old worker killed -> the new one trains) plus its start-up (``standby_seconds``).
+   new cluster and restores).
+3. **A move**: the same straggler from the start, with the cost model primed to act
+   (relaunch estimate 1 s, any gain worth it) and a short Monitor horizon, so AntDT-ND
+   moves worker 2 to another host on both backends. Its cost: the new task's start-up
+   beside the old one (``standby_seconds``), then from the old one killed to the new one
+   training (``recovered_after_s``: on agents this includes the chief's restart and
+   restore).
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ import netns  # noqa: E402  (the namespace hosts the tests use)
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("records", 600_000, "Training records of the scenario-2 jobs.")
 flags.DEFINE_integer("loss_records", 600_000, "Training records of the host-loss job.")
+flags.DEFINE_integer("move_records", 1_200_000, "Training records of the move jobs (long "
+                     "enough for the moved worker to train again before the end).")
 flags.DEFINE_string("out", "benchmarks/results/multihost.md", "Results table (markdown).")
 
 LAUNCH = [sys.executable, "-m", "antdt_tf.launch"]
@@ -74,6 +81,21 @@ def scenario2(tmp: pathlib.Path, data: str, backend: str, policy: str) -> dict:
         return _report(_launch(workdir, data, *common), workdir)
     with netns.NetnsHosts(3) as net:
         master = netns.start_antdt_cluster(net, tmp / f"cluster-{backend}-{policy}", *MONITOR)
+        return _report(_launch(workdir, data, "--backend=agents", f"--master={master}",
+                               "--num_hosts=3", *common), workdir)
+
+
+def move(tmp: pathlib.Path, data: str, backend: str) -> dict:
+    """Scenario 2's straggler from the start, with the cost model primed to act."""
+    workdir = tmp / f"move-{backend}"
+    monitor = ("--straggler_window_seconds=3", "--straggler_persistent_after_seconds=2")
+    common = ["--num_ps=1", "--num_workers=3", "--policy=antdt-nd", *monitor,
+              "--relaunch_cost_seconds=1", "--min_gain_seconds=0.5",
+              "--inject=slow:worker:2:x4@0s"]
+    if backend == "local":
+        return _report(_launch(workdir, data, *common), workdir)
+    with netns.NetnsHosts(3) as net:
+        master = netns.start_antdt_cluster(net, tmp / f"cluster-move-{backend}", *monitor)
         return _report(_launch(workdir, data, "--backend=agents", f"--master={master}",
                                "--num_hosts=3", *common), workdir)
 
@@ -136,6 +158,7 @@ def main(argv):
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="antdt-multihost-"))
     data, _ = generate_data(tmp, max(FLAGS.records, FLAGS.loss_records), 0, seed=1)
+    move_data, _ = generate_data(tmp / "move", FLAGS.move_records, 0, seed=2)
     rows = {}
     loss = host_loss(tmp, data, FLAGS.loss_records)
     print(f"host loss: resumed after {loss['resumed_after_s']}", flush=True)
@@ -143,6 +166,10 @@ def main(argv):
         for policy in ("static", "antdt-nd"):
             rows[backend, policy] = scenario2(tmp, data, backend, policy)
             print(backend, policy, rows[backend, policy]["jct_seconds"], flush=True)
+
+    moves = {backend: move(tmp, move_data, backend) for backend in ("local", "agents")}
+    for backend, rep in moves.items():
+        print("move", backend, rep["jct_seconds"], rep["actions"], flush=True)
 
     r = loss["report"]
     lines = [f"# Multi-host runs ({time.strftime('%Y-%m-%d')}, `python -m benchmarks.multihost`)",
@@ -168,13 +195,28 @@ def main(argv):
         static = rows[backend, "static"]["jct_seconds"]
         for policy in ("static", "antdt-nd"):
             rep = rows[backend, policy]
-            moves = [a for a in rep["actions"] if a["action"] == "RelaunchWorker"]
-            start = "; ".join(f"{a.get('standby_seconds', float('nan')):.1f}" for a in moves)
-            back = "; ".join(f"{a.get('recovered_after_s', float('nan')):.1f}" for a in moves)
+            relaunches = [a for a in rep["actions"] if a["action"] == "RelaunchWorker"]
+            start = "; ".join(f"{a.get('standby_seconds', float('nan')):.1f}"
+                              for a in relaunches)
+            back = "; ".join(f"{a.get('recovered_after_s', float('nan')):.1f}"
+                             for a in relaunches)
             exact = rep["audit"]["applied_1"] == rep["records"]
             lines.append(f"| {backend} | {policy} | {rep['jct_seconds']:.1f} | "
                          f"{static / rep['jct_seconds']:.2f}x | {start or '-'} | "
                          f"{back or '-'} | {'yes' if exact else 'NO'} |")
+    lines += ["", "## What a move costs", "",
+              "| backend | action | start-up beside the old one (s) | old killed -> new trains (s) "
+              "| JCT (s) | audit exact |", "|---|---|---|---|---|---|"]
+    # records: FLAGS.move_records; the phase shows whether the moved worker trained again
+    for backend, rep in moves.items():
+        acts = [a for a in rep["actions"] if a["action"] == "RelaunchWorker"] or [{}]
+        a = acts[0]
+        what = (f"RelaunchWorker worker:{a['index']} host{a['from_host']} -> host{a['to_host']}"
+                if a else "no move (the policy did not act)")
+        exact = rep["audit"]["applied_1"] == rep["records"]
+        lines.append(f"| {backend} | {what} | {a.get('standby_seconds', '-')} | "
+                     f"{a.get('recovered_after_s', '-')} | {rep['jct_seconds']:.1f} | "
+                     f"{'yes' if exact else 'NO'} |")
     out = pathlib.Path(FLAGS.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
