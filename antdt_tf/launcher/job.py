@@ -851,8 +851,8 @@ class JobRunner:
         from antdt_tf.monitor.client import MonitorClient
 
         with MonitorClient(self.master_address) as monitor:   # survives in the state dir
-            self.cluster_version = max(saved.get("cluster_version", 0),
-                                       monitor.job_cluster().version)
+            published = monitor.job_cluster()
+            self.cluster_version = max(saved.get("cluster_version", 0), published.version)
         self.backend.tasks()
         adopted = []
         for key, launches in sorted(self.backend.launches_by_task().items()):
@@ -875,3 +875,11 @@ class JobRunner:
                     and not (k[0] == "worker" and k[1] >= self.active_workers)]:
             self.start_task(*key)          # never launched before the restart
         self._event(f"resumed after a master restart: adopted {', '.join(adopted) or 'nothing'}")
+        chief = self.current.get(("chief", 0))
+        if (chief is not None and not self.cfg.tf1 and published.version
+                and (list(published.ps) != self.spec["ps"]
+                     or list(published.worker) != self.spec["worker"][:self.active_workers])):
+            # a move the previous master switched over before it restarted the chief: the
+            # chief comes back with the cluster as it is (and restores)
+            self._event("resume: the chief's cluster is out of date; restarting the chief")
+            self.stop_task("chief", 0, kill=True)
