@@ -106,6 +106,11 @@ def server_token(bind: str, program: str) -> str:
     return token
 
 
+def _refusal(method: str) -> str:
+    return (f"{method}: missing or wrong job token ({TOKEN_METADATA_KEY} metadata; clients "
+            f"read it from ${TOKEN_ENV})")
+
+
 def _allowed(method: str, metadata, token: str) -> bool:
     if method.startswith(OPEN_METHOD_PREFIXES):
         return True
@@ -122,8 +127,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
     def intercept_service(self, continuation, details):
         if _allowed(details.method, details.invocation_metadata, self.token):
             return continuation(details)
-        message = (f"{details.method}: missing or wrong job token ({TOKEN_METADATA_KEY} "
-                   f"metadata; clients read it from ${TOKEN_ENV})")
+        message = _refusal(details.method)
 
         def refuse(request, context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
@@ -139,8 +143,7 @@ class AioTokenInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, details):
         if _allowed(details.method, details.invocation_metadata, self.token):
             return await continuation(details)
-        message = (f"{details.method}: missing or wrong job token ({TOKEN_METADATA_KEY} "
-                   f"metadata; clients read it from ${TOKEN_ENV})")
+        message = _refusal(details.method)
 
         async def refuse(request, context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)

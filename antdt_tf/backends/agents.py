@@ -138,10 +138,6 @@ class AgentsBackend(ClusterBackend):
         with self._lock:
             return [r.host for n, r in sorted(self._agents.items()) if n not in self._lost]
 
-    def lost_hosts(self) -> list[str]:
-        with self._lock:
-            return sorted(self._lost)
-
     def _agent_of(self, host: str) -> AgentClient:
         with self._lock:
             record = self._agents.get(host)

@@ -26,7 +26,8 @@ from antdt_tf.procutil import child_env, wait_for_port_file
 
 
 class LoopbackAgentsBackend(AgentsBackend):
-    """Agents on loopback: every task has one address, reserved up front or on first use."""
+    """Agents on loopback: every task has one address, given up front (``ports``) or
+    picked on first use."""
 
     capabilities = Capabilities(stable_endpoints=True, host_pinning=True, fault_injection=True)
 
@@ -45,11 +46,6 @@ class LoopbackAgentsBackend(AgentsBackend):
                                                if p not in taken)
             return f"127.0.0.1:{self._ports[job, index]}"
 
-    def reserve_endpoints(self, ports: dict[tuple[str, int], int]) -> None:
-        """Use these ports for these tasks (a job that picked its ports up front)."""
-        with self._lock:
-            self._ports.update(ports)
-
 
 class LocalBackend(LoopbackAgentsBackend):
     def __init__(self, num_hosts: int, workdir, estimator_python: str = "",
@@ -67,7 +63,6 @@ class LocalBackend(LoopbackAgentsBackend):
             self.shutdown()
             raise
         super().__init__(StaticHosts(addresses), host_timeout=host_timeout)
-        self.agent_addresses = addresses
 
     def _start_agent(self, name: str, master: str, estimator_python: str,
                      timeout: float) -> str:
@@ -94,9 +89,6 @@ class LocalBackend(LoopbackAgentsBackend):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-    def agent_pid(self, name: str) -> int:
-        return self.procs[name].pid
 
     def shutdown(self, grace_seconds: float = 15.0) -> None:
         """Stops the agents (each stops its tasks: SIGTERM, then SIGKILL)."""

@@ -53,7 +53,7 @@ class JobRunner:
         self.host_names: list[str] = []
         self.placement = place(cfg.num_ps, slots, cfg.num_hosts)
         self.active_workers = cfg.num_workers   # workers 0..n-1 train; the rest are spare slots
-        self.backend = None               # the LocalBackend: one agent per simulated host
+        self.backend = None               # AgentsBackend / LoopbackAgentsBackend (_join_hosts)
         self.cluster_version = 0          # of the JobCluster published to the master
         self.issued: dict[tuple[str, int], int] = {}   # the last generation launched, per task
         self.current: dict[tuple[str, int], object] = {}   # the TaskName that serves, per task
@@ -228,32 +228,32 @@ class JobRunner:
 
         try:
             self._join_hosts()
-            if self.resume is not None:
-                self._register_dataset()     # idempotent (the same spec): maybe not done yet
-                self._adopt(self.resume)
-                with ShardingClient(self.master_address, timeout=10) as admin, \
-                        MonitorClient(self.master_address) as monitor:
-                    self._supervise(admin, monitor)
-                return self._report()
+            # idempotent for the same spec: after a restart it may not have been done yet
             self._register_dataset()
-            for i in range(len(self.spec["ps"])):
-                self.start_task("ps", i)
-            if self.cfg.tf1:
-                self.t0 = time.monotonic()
-            for i in range(self.active_workers):
-                self.start_task("worker", i)
-            if self.cfg.tf1:
-                self._event(f"{self.active_workers} TF1 trainers started (worker 0 is the chief)")
+            if self.resume is not None:
+                self._adopt(self.resume)
             else:
-                self.t0 = time.monotonic()
-                self.start_task("chief", 0)
-                self._event("coordinator started")
+                self._start_tasks()
             with ShardingClient(self.master_address, timeout=10) as admin, \
                     MonitorClient(self.master_address) as monitor:
                 self._supervise(admin, monitor)
             return self._report()
         finally:
             self.shutdown()
+
+    def _start_tasks(self) -> None:
+        for i in range(len(self.spec["ps"])):
+            self.start_task("ps", i)
+        if self.cfg.tf1:
+            self.t0 = time.monotonic()
+        for i in range(self.active_workers):
+            self.start_task("worker", i)
+        if self.cfg.tf1:
+            self._event(f"{self.active_workers} TF1 trainers started (worker 0 is the chief)")
+        else:
+            self.t0 = time.monotonic()
+            self.start_task("chief", 0)
+            self._event("coordinator started")
 
     def _supervise(self, admin, monitor) -> None:
         from antdt_tf.backends import TaskState
