@@ -36,7 +36,7 @@ import grpc
 from absl import app, flags
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from antdt_tf import auth
+from antdt_tf import auth, exitcodes
 from antdt_tf.agent.supervisor import TaskSupervisor
 from antdt_tf.errors import AntdtError
 from antdt_tf.proto import cluster_pb2 as cpb
@@ -62,6 +62,7 @@ flags.DEFINE_string("estimator_python", "", "Interpreter for tf.estimator progra
 
 log = logging.getLogger("antdt.agent")
 SERVICE_NAME = "antdt.v1.Agent"
+PROGRAM = "antdt-agent"
 
 
 class AgentServicer:
@@ -169,6 +170,17 @@ def main(argv):
         raise app.UsageError("--report_seconds must be > 0")
     task_ports = parse_port_range(FLAGS.task_ports)
     token = auth.server_token(FLAGS.bind, "antdt-agent")
+    if FLAGS.estimator_python and not os.access(FLAGS.estimator_python, os.X_OK):
+        raise app.UsageError(f"--estimator_python={FLAGS.estimator_python} is not an executable")
+    if FLAGS.port_file and (problem := exitcodes.output_file_problem(FLAGS.port_file,
+                                                                      "--port_file")):
+        return exitcodes.error(PROGRAM, problem)
+    try:   # before anything is created (the task log dir) or started
+        exitcodes.check_bindable(FLAGS.bind, FLAGS.port)
+    except ValueError as e:
+        return exitcodes.error(PROGRAM, e)
+    except exitcodes.CannotServe as e:
+        return exitcodes.error(PROGRAM, e, exitcodes.CANNOT_SERVE)
     if token:   # our clients (the report to the master) and our tasks carry it
         os.environ[auth.TOKEN_ENV] = token
     logging.basicConfig(level=logging.INFO,
@@ -176,10 +188,13 @@ def main(argv):
     import tempfile
     log_dir = FLAGS.task_log_dir or tempfile.mkdtemp(prefix=f"antdt-agent-{FLAGS.host_name}-")
     reporter = None
-    if FLAGS.estimator_python and not os.access(FLAGS.estimator_python, os.X_OK):
-        raise app.UsageError(f"--estimator_python={FLAGS.estimator_python} is not an executable")
-    supervisor = TaskSupervisor(log_dir, on_change=lambda s: reporter and reporter.wake.set(),
-                                estimator_python=FLAGS.estimator_python)
+    try:
+        supervisor = TaskSupervisor(log_dir, on_change=lambda s: reporter and reporter.wake.set(),
+                                    estimator_python=FLAGS.estimator_python)
+    except OSError as e:
+        why = ("exists and is not a directory" if os.path.lexists(log_dir)
+               and not os.path.isdir(log_dir) else f"cannot be created: {e.strerror or e}")
+        return exitcodes.error(PROGRAM, f"--task_log_dir={log_dir} {why}")
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(8), options=SERVER_OPTIONS,
                          interceptors=auth.server_interceptors(token))
     servicer = AgentServicer(supervisor, FLAGS.host_name, FLAGS.advertise or FLAGS.bind,
@@ -188,10 +203,14 @@ def main(argv):
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     host = f"[{FLAGS.bind}]" if ":" in FLAGS.bind else FLAGS.bind
-    port = server.add_insecure_port(f"{host}:{FLAGS.port}")
+    try:
+        port = server.add_insecure_port(f"{host}:{FLAGS.port}")
+    except RuntimeError:      # lost a race for the port since the check
+        port = 0
     if not port:
-        print(f"antdt-agent: error: cannot bind {host}:{FLAGS.port}", flush=True)
-        return 2
+        supervisor.close()
+        return exitcodes.error(PROGRAM, f"cannot bind {host}:{FLAGS.port}",
+                               exitcodes.CANNOT_SERVE)
     server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -225,7 +244,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    exitcodes.run(main, PROGRAM)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ import sys
 
 from absl import app, flags
 
-from antdt_tf import auth
+from antdt_tf import auth, exitcodes
 from antdt_tf.errors import CorruptState, IncompatibleState, StateDirLocked
 from antdt_tf.master.server import MasterServer
 from antdt_tf.sharding.service import ShardingServicer
@@ -93,6 +93,7 @@ flags.DEFINE_integer("straggler_min_samples", 5, "Monitor: steps/probes in the w
                      "a task is judged.")
 
 log = logging.getLogger("antdt.master")
+PROGRAM = "antdt-master"
 
 
 def _straggler_config():
@@ -131,7 +132,10 @@ async def _serve(servicer: ShardingServicer, token: str, view, jobs) -> None:
     server = MasterServer(servicer, bind=FLAGS.bind, port=FLAGS.port,
                           tick_seconds=FLAGS.tick_seconds, token=token,
                           monitor=ClusterMonitorServicer(view), job_control=jobs)
-    await server.start()
+    try:
+        await server.start()
+    except (OSError, RuntimeError) as e:     # lost a race for the port since the check
+        raise exitcodes.CannotServe(f"cannot bind {FLAGS.bind}:{FLAGS.port}: {e}") from e
     log.info("[master] serving antdt.v1.ShardingService on %s (pid %d)", server.address, os.getpid())
     jobs.master_address = f"{_advertised_host()}:{server.port}"
     jobs.start()      # a job that was running when this master stopped carries on
@@ -169,16 +173,29 @@ def main(argv):
     token = auth.server_token(FLAGS.bind, "antdt-master")
     state = ShardState(_lease_config())
     _straggler_config()   # bad flags fail here, before anything is opened
+    # the address and the state dir are checked before anything is created or opened
+    if FLAGS.port_file and (problem := exitcodes.output_file_problem(FLAGS.port_file,
+                                                                      "--port_file")):
+        return exitcodes.error(PROGRAM, problem)
+    try:
+        exitcodes.check_bindable(FLAGS.bind, FLAGS.port)
+    except ValueError as e:
+        return exitcodes.error(PROGRAM, e)
+    except exitcodes.CannotServe as e:
+        return exitcodes.error(PROGRAM, e, exitcodes.CANNOT_SERVE)
     store = None
     if FLAGS.state_dir:
+        problem = _state_dir_problem(FLAGS.state_dir)
+        if problem:
+            return exitcodes.error(PROGRAM, problem)
         store = StateStore(FLAGS.state_dir, fsync=FLAGS.fsync, snapshot_every=FLAGS.snapshot_every)
         try:
             recovered = open_state(store, state, discard_corrupt=FLAGS.discard_corrupt_state)
-        except (CorruptState, IncompatibleState, StateDirLocked) as e:
+        except (CorruptState, IncompatibleState, StateDirLocked, OSError) as e:
             print(f"antdt-master: error: {e}\n  (the state was left untouched; fix or move it, "
                   "or pass --discard_corrupt_state to set it aside and start fresh)",
                   file=sys.stderr)
-            return 3
+            return exitcodes.BAD_STATE
         log.info("[master] state_dir %s: snapshot=%s, %d journal event(s) replayed, datasets %s",
                  FLAGS.state_dir, recovered["snapshot"], recovered["replayed"], state.datasets)
     else:
@@ -191,16 +208,32 @@ def main(argv):
     except CorruptState as e:
         print(f"antdt-master: error: {e}\n  (move or delete the file to start without "
               "the job's cluster; the launcher publishes it again)", file=sys.stderr)
-        return 3
+        return exitcodes.BAD_STATE
     from antdt_tf.master.job_control import JobControl
 
     try:
         jobs = JobControl(FLAGS.state_dir)
     except CorruptState as e:
         print(f"antdt-master: error: {e}", file=sys.stderr)
-        return 3
-    _run_event_loop(_serve(ShardingServicer(state, store), token, view, jobs))
-    return 0
+        return exitcodes.BAD_STATE
+    try:
+        _run_event_loop(_serve(ShardingServicer(state, store), token, view, jobs))
+    except exitcodes.CannotServe as e:
+        return exitcodes.error(PROGRAM, e, exitcodes.CANNOT_SERVE)
+    return exitcodes.OK
+
+
+def _state_dir_problem(path: str) -> str:
+    """Why ``--state_dir`` cannot be used (created if missing), or ""."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return f"--state_dir={path} exists and is not a directory"
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"--state_dir={path} cannot be created: {e.strerror}"
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        return f"--state_dir={path} is not readable and writable by this user"
+    return ""
 
 
 def _run_event_loop(main_coroutine) -> None:
@@ -214,7 +247,7 @@ def _run_event_loop(main_coroutine) -> None:
 
 
 def run():
-    app.run(main)
+    exitcodes.run(main, PROGRAM)
 
 
 if __name__ == "__main__":
