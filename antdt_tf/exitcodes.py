@@ -59,7 +59,7 @@ def run(main, program: str) -> None:
         try:
             return main(argv)
         except app.UsageError as e:
-            return error(program, f"{e} (--help lists the flags)")
+            return error(program, e)
 
     app.run(checked_main, flags_parser=parse)
 

@@ -93,11 +93,12 @@ def test_tsv_round_trip_equals_direct_generation(tmp_path):
 
 @pytest.mark.parametrize("line,match", [
     ("1\t2\t3", "expected 40"),
-    ("x" + "\t" * 39, "invalid literal"),
-    ("2" + "\t" * 39, "label must be 0 or 1"),
-    ("1" + "\t" * 13 + "\tzz" + "\t" * 25, "invalid literal"),
+    ("x" + "\t" * 39, r"field label \(column 1\): 'x' is not 0 or 1"),
+    ("2" + "\t" * 39, r"field label \(column 1\): '2' is not 0 or 1"),
+    ("1" + "\t" * 3 + "\t4.5.6" + "\t" * 35, r"field I4 \(column 5\): '4.5.6' is not a number"),
+    ("1" + "\t" * 13 + "\tzz" + "\t" * 25, r"field C1 \(column 15\): 'zz' is not a hex hash"),
 ])
-def test_malformed_tsv_names_file_and_line(tmp_path, line, match):
+def test_malformed_tsv_names_file_line_and_field(tmp_path, line, match):
     tsv = tmp_path / "bad.tsv"
     tsv.write_text("0" + "\t" * 39 + "\n" + line + "\n")
     with pytest.raises(InvalidRequest, match=rf"bad.tsv:2: .*{match}"):

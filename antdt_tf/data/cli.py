@@ -8,16 +8,23 @@ Usage::
 
 ``generate`` writes synthetic Criteo-format data with learnable signal (optionally also
 as TSV); ``convert`` turns real Criteo TSV into the compact format; ``inspect`` validates
-a record file and prints its header and first records. Exit code 2 on bad data.
+a record file and prints its header and first records.
+
+Exit code 2 on bad data or bad flags, with one line saying what is wrong; an output is
+written atomically and only when the whole input converted: a failed or empty
+conversion leaves an existing output as it was and no temporary file behind
+(docs/cli-exit-codes.md).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import app, flags
 from tqdm import tqdm
 
+from antdt_tf import exitcodes
 from antdt_tf.data import criteo, records
 from antdt_tf.errors import DataError, InvalidRequest
 
@@ -38,6 +45,24 @@ def _progress(batches, total, desc):
             yield b
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` are one file (another path, a symlink or a hard link)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:       # one of them does not exist
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _check_output(output: str, *inputs: str) -> None:
+    problem = exitcodes.output_file_problem(output, "--output")
+    if problem:
+        raise app.UsageError(problem)
+    for flag, path in zip(("--input", "--tsv"), inputs):
+        if path and _same_file(output, path):
+            raise app.UsageError(f"--output={output} is the same file as {flag}={path}: "
+                                 "it would be overwritten")
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -45,6 +70,9 @@ def main(argv):
         if FLAGS.mode == "generate":
             if not FLAGS.output:
                 raise app.UsageError("--output is required for --mode=generate")
+            _check_output(FLAGS.output, "", FLAGS.tsv)
+            if FLAGS.tsv and (problem := exitcodes.output_file_problem(FLAGS.tsv, "--tsv")):
+                raise app.UsageError(problem)
             spec = criteo.SyntheticSpec(FLAGS.records, seed=FLAGS.seed)
             n = records.write_records(FLAGS.output, _progress(
                 criteo.generate(spec), spec.num_records, "generate"))
@@ -54,8 +82,9 @@ def main(argv):
         elif FLAGS.mode == "convert":
             if not FLAGS.input or not FLAGS.output:
                 raise app.UsageError("--input and --output are required for --mode=convert")
+            _check_output(FLAGS.output, FLAGS.input)
             n = records.write_records(FLAGS.output, _progress(
-                criteo.read_tsv(FLAGS.input), None, "convert"))
+                criteo.read_tsv(FLAGS.input), None, "convert"), allow_empty=False)
             print(f"wrote {n} records to {FLAGS.output}")
         else:
             if not FLAGS.input:
@@ -68,14 +97,16 @@ def main(argv):
                 print(f"  [{i}] label={head.label[i]:.0f} dense={head.dense[i][:4].tolist()}... "
                       f"sparse={head.sparse[i][:3].tolist()}...")
     except (DataError, InvalidRequest) as e:
-        print(f"antdt-data: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return exitcodes.error("antdt-data", e, exitcodes.BAD_INPUT)
+    except OSError as e:      # e.g. --tsv on a full disk
+        return exitcodes.error("antdt-data", f"{e.filename}: {e.strerror or e}",
+                               exitcodes.BAD_INPUT)
+    return exitcodes.OK
 
 
 def run():
     flags.mark_flag_as_required("mode")
-    app.run(main)
+    exitcodes.run(main, "antdt-data")
 
 
 if __name__ == "__main__":

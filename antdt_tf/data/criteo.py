@@ -124,18 +124,62 @@ def write_tsv(path: str | os.PathLike, batches) -> int:
     return count
 
 
+MAX_LINE_BYTES = 1 << 16     # a Criteo line is a few hundred bytes
+FIELD_NAMES = ("label", *(f"I{i}" for i in range(1, NUM_DENSE + 1)),
+               *(f"C{i}" for i in range(1, NUM_SPARSE + 1)))
+
+
+def _bad_field(fields: list[str]) -> str:
+    """Which field of a line that did not parse is wrong, and why (bounded: never the
+    whole value)."""
+    for column, (name, value) in enumerate(zip(FIELD_NAMES, fields), 1):
+        shown = repr(value[:24] + ("..." if len(value) > 24 else ""))
+        where = f"field {name} (column {column})"
+        if name == "label":
+            try:
+                ok = int(value) in (0, 1)
+            except ValueError:
+                ok = False
+            if not ok:
+                return f"{where}: {shown} is not 0 or 1"
+        elif value:
+            try:
+                float(value) if name.startswith("I") else int(value, 16)
+            except ValueError:
+                kind = "a number" if name.startswith("I") else "a hex hash"
+                return f"{where}: {shown} is not {kind}"
+    return "a field does not parse"
+
+
 def read_tsv(path: str | os.PathLike, block: int = 65_536) -> Iterator[Batch]:
-    """Parses Criteo TSV into batches. Malformed lines raise :class:`InvalidRequest`
-    naming the file, line and field."""
+    """Parses Criteo TSV into batches. Malformed lines (binary data included) raise
+    :class:`InvalidRequest` naming the file, line and field."""
     columns = 1 + NUM_DENSE + NUM_SPARSE
     try:
-        f = open(path)
+        f = open(path, "rb")
     except OSError as e:
         raise InvalidRequest(f"cannot read {path}: {e.strerror}") from e
     with f:
         labels, dense, sparse = [], [], []
-        for lineno, line in enumerate(f, 1):
-            fields = line.rstrip("\n").split("\t")
+        lineno = 0
+        while True:
+            try:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+            except OSError as e:     # e.g. a directory
+                raise InvalidRequest(f"cannot read {path}: {e.strerror}") from e
+            if not raw:
+                break
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise InvalidRequest(f"{path}:{lineno}: line longer than {MAX_LINE_BYTES} "
+                                     "bytes: not Criteo TSV (binary data?)")
+            try:
+                line = raw.decode("ascii")
+            except UnicodeDecodeError as e:
+                raise InvalidRequest(f"{path}:{lineno}: byte 0x{raw[e.start]:02x} at column "
+                                     f"{e.start + 1} is not ASCII: not Criteo TSV (binary "
+                                     "data?)") from None
+            fields = line.rstrip("\r\n").split("\t")
             if len(fields) != columns:
                 raise InvalidRequest(f"{path}:{lineno}: expected {columns} tab-separated fields "
                                      f"(label, {NUM_DENSE} integers, {NUM_SPARSE} hex), got "
@@ -146,8 +190,8 @@ def read_tsv(path: str | os.PathLike, block: int = 65_536) -> Iterator[Batch]:
                     raise ValueError("label must be 0 or 1")
                 d = [float(v) if v else -1.0 for v in fields[1:1 + NUM_DENSE]]
                 s = [int(v, 16) if v else -1 for v in fields[1 + NUM_DENSE:]]
-            except ValueError as e:
-                raise InvalidRequest(f"{path}:{lineno}: {e}") from e
+            except ValueError:
+                raise InvalidRequest(f"{path}:{lineno}: {_bad_field(fields)}") from None
             labels.append(label)
             dense.append(d)
             sparse.append(s)

@@ -101,20 +101,39 @@ def _framed(b: Batch) -> np.ndarray:
     return rec
 
 
-def write_records(path: str | os.PathLike, batches: Iterable[Batch]) -> int:
-    """Writes batches to ``path`` (atomically: a temporary file renamed at the end).
+def write_records(path: str | os.PathLike, batches: Iterable[Batch],
+                  allow_empty: bool = True) -> int:
+    """Writes batches to ``path`` atomically: into a new temporary file beside it, renamed
+    over ``path`` only when every batch was written — on any error (bad input data
+    included: ``batches`` may raise) the temporary file is removed and ``path`` is left as
+    it was. ``allow_empty=False``: zero records is a :class:`DataError` too (``path`` kept).
     Returns the number of records."""
     path = pathlib.Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    if path.is_dir():
+        raise DataError(f"cannot write {path}: it is a directory")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     count = 0
-    with open(tmp, "wb") as f:
-        f.write(b"\0" * HEADER_BYTES)
-        for b in batches:
-            f.write(_framed(b).tobytes())
-            count += len(b)
-        f.seek(0)
-        f.write(_header(RECORD_BYTES, count, NUM_DENSE, NUM_SPARSE))
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:
+        raise DataError(f"cannot write {path}: {e.strerror}") from e
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"\0" * HEADER_BYTES)
+            for b in batches:
+                f.write(_framed(b).tobytes())
+                count += len(b)
+            if not count and not allow_empty:
+                raise DataError(f"the input holds no records: {path} was not written")
+            f.seek(0)
+            f.write(_header(RECORD_BYTES, count, NUM_DENSE, NUM_SPARSE))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"cannot write {path}: {e.strerror or e}") from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return count
 
 
