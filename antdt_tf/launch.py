@@ -32,11 +32,14 @@ records/s, ETA, each worker's share) and the job's events:
 At the end it prints a summary table and writes a JSON report (``--report_json``): JCT,
 records/s, shards and records per worker, failures and recoveries, AUC, audit counts.
 Exit code 0 when the job finished (and, with ``--audit``, every record was applied the
-expected number of times up to one batch per injected failure), 1 otherwise.
+expected number of times up to one batch per injected failure), 1 otherwise; 2 for bad
+flags or unusable data, refused in one line before anything is created (no workdir, no
+process; docs/cli-exit-codes.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -45,10 +48,11 @@ import tempfile
 
 from absl import app, flags
 
+from antdt_tf import exitcodes
 from antdt_tf.agent.inject import parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
 from antdt_tf.launcher.config import (SOURCE_ROOT, TF1_APIS, JobConfig, generate_data,
-                                      skips_refused_leases)
+                                      skips_refused_leases, validate)
 from antdt_tf.launcher.report import summary_table
 
 FLAGS = flags.FLAGS
@@ -213,12 +217,22 @@ def config_from_flags() -> JobConfig:
             FLAGS.relaunch_cost_seconds, FLAGS.replace_ps_cost_seconds) < 0:
         raise app.UsageError("--controller_interval_seconds must be > 0 and the cost "
                              "estimates >= 0")
-    # absolute paths: the master that runs the job may have another working directory
-    workdir = pathlib.Path(FLAGS.workdir or tempfile.mkdtemp(prefix="antdt-job-")).resolve()
-    if (workdir / "master").exists() or (workdir / "checkpoints").exists():
-        raise app.UsageError(f"--workdir={workdir} holds a previous job's master state or "
-                             "checkpoints; use a new directory (or delete it)")
-    workdir.mkdir(parents=True, exist_ok=True)
+    # Nothing is created before every check passed: a refused job leaves no workdir.
+    # Absolute paths: the master that runs the job may have another working directory.
+    workdir = pathlib.Path(FLAGS.workdir).resolve() if FLAGS.workdir else None
+    if workdir is not None:
+        if workdir.exists() and not workdir.is_dir():
+            raise app.UsageError(f"--workdir={workdir} exists and is not a directory")
+        if (workdir / "master").exists() or (workdir / "checkpoints").exists():
+            raise app.UsageError(f"--workdir={workdir} holds a previous job's master state "
+                                 "or checkpoints; use a new directory (or delete it)")
+    for flag in ("report_json",):
+        path = getattr(FLAGS, flag)
+        if path and (problem := exitcodes.output_file_problem(path, f"--{flag}")):
+            raise app.UsageError(problem)
+    if FLAGS.checkpoint_dir and pathlib.Path(FLAGS.checkpoint_dir).exists() and not \
+            pathlib.Path(FLAGS.checkpoint_dir).is_dir():
+        raise app.UsageError(f"--checkpoint_dir={FLAGS.checkpoint_dir} is not a directory")
     data, eval_data = (str(pathlib.Path(f).resolve()) if f else "" for f in
                        (FLAGS.data, FLAGS.eval_data))
     if data:
@@ -229,23 +243,21 @@ def config_from_flags() -> JobConfig:
                 RecordFile(eval_data)
         except (AntdtError, OSError) as e:
             raise app.UsageError(f"cannot use the data: {e}") from e
-    else:
-        if FLAGS.generate_records < 1:
-            raise app.UsageError("--generate_records must be >= 1 (or pass --data)")
-        print(f"generating {FLAGS.generate_records:,} + {FLAGS.eval_records:,} synthetic "
-              f"records into {workdir / 'data'}", file=sys.stderr)
-        data, eval_data = generate_data(workdir, FLAGS.generate_records, FLAGS.eval_records,
-                                        FLAGS.data_seed)
-    ckpt = str(pathlib.Path(FLAGS.checkpoint_dir).resolve()) if FLAGS.checkpoint_dir else str(
-        workdir / "checkpoints")
-    return JobConfig(
+    elif FLAGS.generate_records < 1 or FLAGS.eval_records < 0:
+        raise app.UsageError("--generate_records must be >= 1 and --eval_records >= 0 (or "
+                             "pass --data)")
+    if FLAGS.max_restarts < 0 or FLAGS.checkpoint_every_seconds <= 0 \
+            or FLAGS.checkpoint_every_shards < 1:
+        raise app.UsageError("--max_restarts must be >= 0, --checkpoint_every_seconds > 0 "
+                             "and --checkpoint_every_shards >= 1")
+    cfg = JobConfig(
         num_ps=FLAGS.num_ps, num_workers=FLAGS.num_workers,
         num_hosts=FLAGS.num_hosts or (1 if FLAGS.backend == "agents" else FLAGS.num_workers),
         data=data, eval_data=eval_data, backend=FLAGS.backend, master=FLAGS.master,
         host_timeout_seconds=FLAGS.host_timeout_seconds,
         epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
         records_per_shard=FLAGS.records_per_shard, shuffle=FLAGS.shuffle,
-        buckets=FLAGS.buckets, checkpoint_dir=ckpt, learning_rate=FLAGS.learning_rate,
+        buckets=FLAGS.buckets, checkpoint_dir="", learning_rate=FLAGS.learning_rate,
         api=FLAGS.api, data_path=FLAGS.data_path, mode=FLAGS.mode,
         checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
         checkpoint_every_shards=FLAGS.checkpoint_every_shards, audit=FLAGS.audit,
@@ -259,6 +271,26 @@ def config_from_flags() -> JobConfig:
         replace_ps_cost_seconds=FLAGS.replace_ps_cost_seconds,
         min_gain_seconds=FLAGS.min_gain_seconds, max_workers=FLAGS.max_workers,
         estimator_python=estimator_python)
+    try:    # what the master would refuse at submission, refused before anything exists
+        validate(dataclasses.replace(cfg, data=data or "(generated)"), workdir=pathlib.Path(
+            workdir or tempfile.gettempdir()).resolve())
+    except InvalidRequest as e:
+        raise app.UsageError(str(e).replace("JobSpec.", "--")) from e
+    try:
+        if workdir is None:
+            workdir = pathlib.Path(tempfile.mkdtemp(prefix="antdt-job-")).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise app.UsageError(f"--workdir={workdir} cannot be created: {e.strerror}") from e
+    if not data:
+        print(f"generating {FLAGS.generate_records:,} + {FLAGS.eval_records:,} synthetic "
+              f"records into {workdir / 'data'}", file=sys.stderr)
+        data, eval_data = generate_data(workdir, FLAGS.generate_records, FLAGS.eval_records,
+                                        FLAGS.data_seed)
+    ckpt = str(pathlib.Path(FLAGS.checkpoint_dir).resolve()) if FLAGS.checkpoint_dir else str(
+        workdir / "checkpoints")
+    return dataclasses.replace(cfg, workdir=workdir, data=data, eval_data=eval_data,
+                               checkpoint_dir=ckpt)
 
 
 def main(argv):
@@ -282,7 +314,7 @@ def main(argv):
             report = run_local(cfg)
     except (RuntimeError, TimeoutError, AntdtError) as e:
         print(f"antdt-launch: the job failed: {e}\n  logs: {cfg.workdir}/host*/", file=sys.stderr)
-        return 1
+        return exitcodes.FAILED
     print(summary_table(report))
     if FLAGS.report_json:
         pathlib.Path(FLAGS.report_json).write_text(json.dumps(report, indent=2))
@@ -291,7 +323,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    exitcodes.run(main, "antdt-launch")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def test_placement_spreads_ps_and_workers_over_hosts():
 def test_launch_rejects_bad_flags_before_starting_anything(tmp_path, flag, message):
     out = subprocess.run([LAUNCH_BIN, *flag.split(), f"--workdir={tmp_path}"],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1
+    assert out.returncode == 2        # bad input (antdt_tf.exitcodes)
     assert message in out.stderr
     assert not list(tmp_path.glob("host*"))   # no agent was started
 

@@ -138,27 +138,36 @@ def to_proto(cfg: JobConfig):
     return spec
 
 
+def validate(values, workdir) -> None:
+    """InvalidRequest saying what is wrong with a job's values (a JobConfig or the
+    submitted JobSpec's fields), else nothing: the master refuses such a job, and
+    antdt-launch refuses it before it creates anything."""
+    get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
+    for name, allowed in _ENUMS.items():
+        if get(name) not in allowed:
+            raise InvalidRequest(f"JobSpec.{name} must be one of {allowed}, got {get(name)!r}")
+    for name in ("num_ps", "num_workers", "epochs", "batch_size", "records_per_shard",
+                 "buckets", "num_hosts"):
+        if get(name) < 1:
+            raise InvalidRequest(f"JobSpec.{name} must be >= 1, got {get(name)}")
+    if get("max_workers") and get("max_workers") < get("num_workers"):
+        raise InvalidRequest("JobSpec.max_workers must be 0 or >= num_workers")
+    for name in ("learning_rate", "timeout_seconds"):
+        if not get(name) > 0:
+            raise InvalidRequest(f"JobSpec.{name} must be > 0, got {get(name)}")
+    if not workdir or not pathlib.Path(workdir).is_absolute():
+        raise InvalidRequest(f"JobSpec.workdir must be an absolute path, got {str(workdir)!r}")
+    if not get("data"):
+        raise InvalidRequest("JobSpec.data is empty")
+
+
 def from_proto(spec) -> JobConfig:
     """A submitted JobSpec as the job's configuration; InvalidRequest saying what is wrong
     (the master refuses the job, nothing starts)."""
     names = {f.name for f in dataclasses.fields(JobConfig)}
     kwargs = {f.name: getattr(spec, f.name) for f in spec.DESCRIPTOR.fields
               if f.name in names and f.name not in _SKIP}
-    for name, allowed in _ENUMS.items():
-        if kwargs[name] not in allowed:
-            raise InvalidRequest(f"JobSpec.{name} must be one of {allowed}, got {kwargs[name]!r}")
-    for name in ("num_ps", "num_workers", "epochs", "batch_size", "records_per_shard",
-                 "buckets", "num_hosts"):
-        if kwargs[name] < 1:
-            raise InvalidRequest(f"JobSpec.{name} must be >= 1, got {kwargs[name]}")
-    if kwargs["max_workers"] and kwargs["max_workers"] < kwargs["num_workers"]:
-        raise InvalidRequest("JobSpec.max_workers must be 0 or >= num_workers")
-    if not kwargs["learning_rate"] > 0 or not kwargs["timeout_seconds"] > 0:
-        raise InvalidRequest("JobSpec.learning_rate and timeout_seconds must be > 0")
-    if not spec.workdir or not pathlib.Path(spec.workdir).is_absolute():
-        raise InvalidRequest(f"JobSpec.workdir must be an absolute path, got {spec.workdir!r}")
-    if not kwargs["data"]:
-        raise InvalidRequest("JobSpec.data is empty")
+    validate(kwargs, workdir=spec.workdir)
     injections = tuple(
         Injection(i.kind, i.job, i.index, i.at, i.until if i.has_until else None,
                   i.factor or 1.0, i.percent) for i in spec.injections)
