@@ -90,7 +90,9 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    from antdt_tf import exitcodes
+
+    exitcodes.run(main, "antdt-sharding-demo")
 
 
 if __name__ == "__main__":

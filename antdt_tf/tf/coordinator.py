@@ -227,7 +227,9 @@ def _leave(code: int, message: str = "") -> None:
 
 def run():
     flags.mark_flags_as_required(["master"])
-    app.run(main)
+    from antdt_tf import exitcodes
+
+    exitcodes.run(main, "antdt-coordinator")
 
 
 if __name__ == "__main__":

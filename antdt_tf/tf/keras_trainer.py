@@ -110,7 +110,9 @@ def evaluate(tf, model, path: str, batch: int = 8192) -> dict:
 
 def run():
     flags.mark_flags_as_required(["master"])
-    app.run(main)
+    from antdt_tf import exitcodes
+
+    exitcodes.run(main, "antdt-keras-trainer")
 
 
 if __name__ == "__main__":

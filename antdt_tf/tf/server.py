@@ -43,15 +43,25 @@ def main(argv):
     if FLAGS.standby_file:
         stand_by(FLAGS.standby_file, spec[FLAGS.job][FLAGS.index], FLAGS.standby_seconds,
                  f"{FLAGS.job}:{FLAGS.index}")
-    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=FLAGS.job,
-                                  task_index=FLAGS.index, protocol="grpc", start=True)
+    try:
+        server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=FLAGS.job,
+                                      task_index=FLAGS.index, protocol="grpc", start=True)
+    except tf.errors.UnknownError as e:     # TF says only "Could not start gRPC server"
+        from antdt_tf import exitcodes
+
+        return exitcodes.error("antdt-tf-server", f"{FLAGS.job}:{FLAGS.index} cannot serve "
+                               f"on {spec[FLAGS.job][FLAGS.index]} (the port is in use or "
+                               f"the address is not on this host): {e.message}",
+                               exitcodes.CANNOT_SERVE)
     print(f"[{FLAGS.job}:{FLAGS.index}] serving {server.target}", flush=True)
     server.join()
 
 
 def run():
     flags.mark_flags_as_required(["cluster", "job"])
-    app.run(main)
+    from antdt_tf import exitcodes
+
+    exitcodes.run(main, "antdt-tf-server")
 
 
 if __name__ == "__main__":
