@@ -125,6 +125,7 @@ def write_tsv(path: str | os.PathLike, batches) -> int:
 
 
 MAX_LINE_BYTES = 1 << 16     # a Criteo line is a few hundred bytes
+_TEXT_BYTES = bytes(range(0x20, 0x7F)) + b"\t\r\n"
 FIELD_NAMES = ("label", *(f"I{i}" for i in range(1, NUM_DENSE + 1)),
                *(f"C{i}" for i in range(1, NUM_SPARSE + 1)))
 
@@ -173,12 +174,12 @@ def read_tsv(path: str | os.PathLike, block: int = 65_536) -> Iterator[Batch]:
             if len(raw) > MAX_LINE_BYTES:
                 raise InvalidRequest(f"{path}:{lineno}: line longer than {MAX_LINE_BYTES} "
                                      "bytes: not Criteo TSV (binary data?)")
-            try:
-                line = raw.decode("ascii")
-            except UnicodeDecodeError as e:
-                raise InvalidRequest(f"{path}:{lineno}: byte 0x{raw[e.start]:02x} at column "
-                                     f"{e.start + 1} is not ASCII: not Criteo TSV (binary "
-                                     "data?)") from None
+            odd = raw.translate(None, _TEXT_BYTES)
+            if odd:
+                raise InvalidRequest(f"{path}:{lineno}: byte 0x{odd[0]:02x} at column "
+                                     f"{raw.index(odd[0]) + 1} is not printable ASCII: not "
+                                     "Criteo TSV (binary data?)")
+            line = raw.decode("ascii")
             fields = line.rstrip("\r\n").split("\t")
             if len(fields) != columns:
                 raise InvalidRequest(f"{path}:{lineno}: expected {columns} tab-separated fields "
