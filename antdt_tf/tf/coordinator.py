@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 
-from absl import app, flags
+from absl import flags
 
 from antdt_tf.tf import chief_flags
 from antdt_tf.tf.cluster_spec import make_strategy

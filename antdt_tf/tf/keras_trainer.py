@@ -14,7 +14,7 @@ import os
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"   # before TensorFlow is imported: tf.keras = tf-keras
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from antdt_tf.tf import chief_flags  # noqa: E402
 from antdt_tf.tf.cluster_spec import make_strategy  # noqa: E402
