@@ -80,7 +80,8 @@ def scenario2(tmp: pathlib.Path, data: str, backend: str, policy: str) -> dict:
     if backend == "local":
         return _report(_launch(workdir, data, *common), workdir)
     with netns.NetnsHosts(3) as net:
-        master = netns.start_antdt_cluster(net, tmp / f"cluster-{backend}-{policy}", *MONITOR)
+        master = netns.start_antdt_cluster(net, tmp / f"cluster-{backend}-{policy}", *MONITOR,
+                                              job_root=tmp)
         return _report(_launch(workdir, data, "--backend=agents", f"--master={master}",
                                "--num_hosts=3", *common), workdir)
 
@@ -95,7 +96,8 @@ def move(tmp: pathlib.Path, data: str, backend: str) -> dict:
     if backend == "local":
         return _report(_launch(workdir, data, *common), workdir)
     with netns.NetnsHosts(3) as net:
-        master = netns.start_antdt_cluster(net, tmp / f"cluster-move-{backend}", *monitor)
+        master = netns.start_antdt_cluster(net, tmp / f"cluster-move-{backend}", *monitor,
+                                              job_root=tmp)
         return _report(_launch(workdir, data, "--backend=agents", f"--master={master}",
                                "--num_hosts=3", *common), workdir)
 
@@ -105,7 +107,7 @@ def host_loss(tmp: pathlib.Path, data: str, records: int) -> dict:
 
     workdir = tmp / "loss"
     with netns.NetnsHosts(3) as net:
-        master = netns.start_antdt_cluster(net, tmp / "cluster-loss")
+        master = netns.start_antdt_cluster(net, tmp / "cluster-loss", job_root=tmp)
         proc = _launch(workdir, data, "--backend=agents", f"--master={master}",
                        "--num_hosts=3", "--num_ps=2", "--num_workers=2", "--policy=dynamic",
                        "--host_timeout_seconds=3")

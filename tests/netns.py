@@ -171,9 +171,11 @@ def _zombie(pid: int) -> bool:
 
 
 def start_antdt_cluster(net: NetnsHosts, workdir, *master_flags: str,
-                        report_seconds: float = 0.5) -> str:
+                        report_seconds: float = 0.5, job_root=None) -> str:
     """An antdt-master on the bridge address (state in ``workdir/master``) and an
     ``antdt-agent`` on every host, registering with it; returns the master's address.
+    The agents run tasks whose paths lie under ``job_root`` (default: ``workdir``) —
+    the job's workdir, checkpoints and data must be there.
     The caller sets ``$ANTDT_JOB_TOKEN`` first (the master listens beyond loopback).
     Logs: ``workdir/cluster.log``; every process is in ``net.procs`` (closed with it)."""
     import pathlib
@@ -197,7 +199,8 @@ def start_antdt_cluster(net: NetnsHosts, workdir, *master_flags: str,
         net.popen(i, [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=h{i}",
                       f"--bind={address}", f"--advertise={address}", "--port=7471",
                       f"--master={master}", f"--report_seconds={report_seconds}",
-                      "--task_ports=21000-21999", f"--task_log_dir={workdir / f'h{i}'}"],
+                      "--task_ports=21000-21999", f"--task_log_dir={workdir / f'h{i}'}",
+                      f"--job_root={job_root or workdir}"],
                   stdout=log, stderr=log, env=child_env())
     log.close()
     return master

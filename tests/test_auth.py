@@ -10,6 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from antdt_tf import auth
+from antdt_tf.proto import cluster_pb2 as cpb
 from antdt_tf.agent.client import AgentClient
 from antdt_tf.errors import AntdtError
 from antdt_tf.sharding.client import ShardingClient
@@ -75,8 +76,8 @@ def test_agent_refuses_a_start_without_the_token(tmp_path):
             time.sleep(0.05)
         address = f"127.0.0.1:{port_file.read_text().strip()}"
         intruder = AgentClient(address, 10, auth.channel(address, token=""))
-        code = _code(lambda: intruder.start("worker", 0, "antdt-probe-task",
-                                            ["--exit_after_seconds=0"]))
+        code = _code(lambda: intruder.start("worker", 0, cpb.PROBE_TASK,
+                                            cpb.ProbeTaskArgs(exit_after_seconds=0)))
         assert code == grpc.StatusCode.UNAUTHENTICATED
         owner = AgentClient(address, 10, auth.channel(address, token=TOKEN))
         assert list(owner.list().tasks) == []      # nothing was started

@@ -12,7 +12,6 @@ EXIT_CLUSTER_UNAVAILABLE = 75   # the coordinator's "relaunch me" (see antdt_tf.
 
 
 TF1_APIS = ("mts", "estimator")
-TF1_PROGRAM = {"mts": "antdt-mts-worker", "estimator": "antdt-estimator-task"}
 SOURCE_ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
 

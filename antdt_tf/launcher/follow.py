@@ -209,8 +209,10 @@ def run_local(cfg: JobConfig) -> dict:
                      "ps": [f"127.0.0.1:{p}" for p in ports[2:2 + cfg.num_ps]],
                      "worker": [f"127.0.0.1:{p}" for p in ports[2 + cfg.num_ps:]]}
     master = EmbeddedMaster(cfg, ports[0])
+    data = {pathlib.Path(p).resolve().parent for p in (cfg.data, cfg.eval_data) if p}
     hosts = LocalBackend(cfg.num_hosts, cfg.workdir, estimator_python=cfg.estimator_python,
-                         master=master.address)
+                         master=master.address, job_roots=(cfg.checkpoint_dir,),
+                         read_roots=tuple(sorted(data)))
     try:
         master.start()
         return follow(cfg, master.address, embedded=master)
