@@ -45,6 +45,7 @@ import tempfile
 
 from absl import app, flags
 
+from antdt_tf import auth
 from antdt_tf.agent.inject import parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
 from antdt_tf.launcher.config import (SOURCE_ROOT, TF1_APIS, JobConfig, generate_data,
@@ -70,6 +71,10 @@ flags.DEFINE_float("host_timeout_seconds", 10.0, "--backend=agents: a host whose
                    "not heard from for this long is lost; its tasks are relaunched on the "
                    "others.")
 flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
+flags.DEFINE_boolean("local_security", True, "--backend=local: give the job a fresh token "
+                     "and a throw-away CA (workdir/tls), so every call between its processes "
+                     "is authenticated and encrypted, as across real hosts.")
+auth.define_tls_flags()     # --backend=agents: the launcher's identity towards the master
 flags.DEFINE_enum("api", "custom_loop", ["custom_loop", "keras", "mts", "estimator"],
                   "How the job trains: custom_loop = antdt-coordinator (ClusterCoordinator "
                   "loop); keras = antdt-keras-trainer (tf-keras model.fit with the antdt "
@@ -265,6 +270,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     cfg = config_from_flags()
+    auth.flag_tls()
     where = (f"the hosts registered with {cfg.master}" if cfg.agents
              else f"{cfg.num_hosts} simulated host(s)")
     print(f"antdt-launch: {cfg.num_ps} PS, {cfg.num_workers} workers on {where}; "
@@ -279,7 +285,7 @@ def main(argv):
         else:
             from antdt_tf.launcher.follow import run_local
 
-            report = run_local(cfg)
+            report = run_local(cfg, secure=FLAGS.local_security)
     except (RuntimeError, TimeoutError, AntdtError) as e:
         print(f"antdt-launch: the job failed: {e}\n  logs: {cfg.workdir}/host*/", file=sys.stderr)
         return 1

@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -155,10 +154,10 @@ def main(argv):
     ok, why = netns.available()
     if not ok:
         raise app.UsageError(f"this benchmark needs network namespaces: {why}")
-    os.environ.setdefault("ANTDT_JOB_TOKEN", secrets.token_hex(16))
     from antdt_tf.launch import generate_data
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="antdt-multihost-"))
+    netns.job_security(tmp / "tls", os.environ.__setitem__)
     data, _ = generate_data(tmp, max(FLAGS.records, FLAGS.loss_records), 0, seed=1)
     move_data, _ = generate_data(tmp / "move", FLAGS.move_records, 0, seed=2)
     rows = {}

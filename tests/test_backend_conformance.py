@@ -13,7 +13,6 @@ backends must pass the same tests.
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import socket
 import time
 from typing import Callable
@@ -66,8 +65,7 @@ def _agents_env(tmp_path, monkeypatch):
         pytest.skip(why)
     from antdt_tf.backends.agents import AgentsBackend, MasterRendezvous
 
-    token = secrets.token_hex(16)
-    monkeypatch.setenv("ANTDT_JOB_TOKEN", token)     # our clients and every process
+    netns.job_security(tmp_path / "tls", monkeypatch.setenv)  # our clients and every process
     with netns.NetnsHosts(3) as net:
         master_address = netns.start_antdt_cluster(net, tmp_path)
         backends = []

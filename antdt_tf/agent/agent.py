@@ -174,7 +174,7 @@ def main(argv):
     if FLAGS.report_seconds <= 0:
         raise app.UsageError("--report_seconds must be > 0")
     task_ports = parse_port_range(FLAGS.task_ports)
-    token = auth.server_token(FLAGS.bind, "antdt-agent")
+    token, tls = auth.server_security(FLAGS.bind, "antdt-agent")
     if token:   # our clients (the report to the master) and our tasks carry it
         os.environ[auth.TOKEN_ENV] = token
     logging.basicConfig(level=logging.INFO,
@@ -196,7 +196,7 @@ def main(argv):
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     host = f"[{FLAGS.bind}]" if ":" in FLAGS.bind else FLAGS.bind
-    port = server.add_insecure_port(f"{host}:{FLAGS.port}")
+    port = auth.add_port(server, f"{host}:{FLAGS.port}", tls)
     if not port:
         print(f"antdt-agent: error: cannot bind {host}:{FLAGS.port}", flush=True)
         return 2

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import signal
@@ -69,8 +70,8 @@ class _Follower:
 class EmbeddedMaster:
     """The ``antdt-master`` process of a local job, restarted on its state dir."""
 
-    def __init__(self, cfg: JobConfig, port: int):
-        self.cfg, self.port = cfg, port
+    def __init__(self, cfg: JobConfig, port: int, tf_rpc_port: int = 0):
+        self.cfg, self.port, self.tf_rpc_port = cfg, port, tf_rpc_port
         self.proc: Optional[subprocess.Popen] = None
         self.restarts = 0
         self.log_path = cfg.workdir / "master.log"
@@ -92,7 +93,8 @@ class EmbeddedMaster:
                  f"--straggler_window_seconds={cfg.straggler_window_seconds}",
                  f"--straggler_slow_ratio={cfg.straggler_slow_ratio}",
                  f"--straggler_persistent_after_seconds="
-                 f"{cfg.straggler_persistent_after_seconds}"],
+                 f"{cfg.straggler_persistent_after_seconds}",
+                 f"--tf_rpc_port={self.tf_rpc_port}"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
                 env=child_env())
         wait_for_port_file(self.proc, port_file, timeout, "antdt-master", self.log_path)
@@ -199,23 +201,50 @@ def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = Non
     return report
 
 
-def run_local(cfg: JobConfig) -> dict:
-    """The whole job on this machine: agents for the simulated hosts, the master, the job."""
+def run_local(cfg: JobConfig, secure: bool = True) -> dict:
+    """The whole job on this machine: agents for the simulated hosts, the master, the job.
+    ``secure``: a fresh job token and a throw-away CA for this run (unless the caller's
+    environment has its own), so a local job is authenticated like one across hosts."""
     from antdt_tf.backends.local import LocalBackend
     from antdt_tf.tf.local_cluster import free_ports
 
-    ports = free_ports(2 + cfg.num_ps + cfg.slots)
+    # the same tf_rpc port after a master restart: the workers' graphs hold its address
+    ports = free_ports(3 + cfg.num_ps + cfg.slots)
     cfg.addresses = {"chief": [f"127.0.0.1:{ports[1]}"],
-                     "ps": [f"127.0.0.1:{p}" for p in ports[2:2 + cfg.num_ps]],
-                     "worker": [f"127.0.0.1:{p}" for p in ports[2 + cfg.num_ps:]]}
-    master = EmbeddedMaster(cfg, ports[0])
-    data = {pathlib.Path(p).resolve().parent for p in (cfg.data, cfg.eval_data) if p}
-    hosts = LocalBackend(cfg.num_hosts, cfg.workdir, estimator_python=cfg.estimator_python,
-                         master=master.address, job_roots=(cfg.checkpoint_dir,),
-                         read_roots=tuple(sorted(data)))
+                     "ps": [f"127.0.0.1:{p}" for p in ports[3:3 + cfg.num_ps]],
+                     "worker": [f"127.0.0.1:{p}" for p in ports[3 + cfg.num_ps:]]}
+    with (job_security(cfg.workdir / "tls") if secure else contextlib.nullcontext()):
+        master = EmbeddedMaster(cfg, ports[0], tf_rpc_port=ports[2])
+        data = {pathlib.Path(p).resolve().parent for p in (cfg.data, cfg.eval_data) if p}
+        hosts = LocalBackend(cfg.num_hosts, cfg.workdir, estimator_python=cfg.estimator_python,
+                             master=master.address, job_roots=(cfg.checkpoint_dir,),
+                             read_roots=tuple(sorted(data)))
+        try:
+            master.start()
+            return follow(cfg, master.address, embedded=master)
+        finally:
+            master.stop()
+            hosts.shutdown()
+
+
+@contextlib.contextmanager
+def job_security(tls_dir: pathlib.Path):
+    """A job token and a throw-away CA (in ``tls_dir``) in this process's environment,
+    which every process of the job inherits, while the job runs; what the environment
+    already has (the user's own token or certificates) is kept."""
+    import os
+    import secrets
+
+    saved = {k: os.environ.get(k) for k in (auth.TOKEN_ENV, *auth.TLS_ENV.values())}
     try:
-        master.start()
-        return follow(cfg, master.address, embedded=master)
+        if not os.environ.get(auth.TOKEN_ENV):
+            os.environ[auth.TOKEN_ENV] = secrets.token_hex(32)
+        if auth.TlsFiles.from_env() is None:
+            auth.make_job_ca(tls_dir).export()
+        yield
     finally:
-        master.stop()
-        hosts.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -64,6 +64,9 @@ class JobRunner:
         self.startup_seconds = 0.0
         self.train_started_unix = 0.0
         self.restarts: dict[tuple[str, int], int] = {}
+        # restarts decided (and counted) whose launch may not have happened yet: the
+        # generation each will launch; a resumed runner launches what is missing
+        self.restarting: dict[tuple[str, int], int] = {}
         self.pending_faults: list[dict] = []  # failures waiting for training to resume
         self.coordinator_report_path = cfg.workdir / "coordinator_report.json"
         self._progress: Optional[ProgressLine] = None
@@ -643,6 +646,7 @@ class JobRunner:
             raise RuntimeError(f"{name} failed {n} times ({how}); giving up. Log: "
                                f"{status.log_path}")
         self.restarts[key] = n
+        self.restarting[key] = self.issued.get(key, 0) + 1
         ev = self._event(f"{name} {how}; restarting it (restart {n})", task=name,
                          failure=how)
         ev["records_before"] = self._records_done()
@@ -655,6 +659,7 @@ class JobRunner:
             self._event(f"{name} moves to {self.host_name(self.placement[key])}")
         address = self.spec[job][index] if job in self.spec else ""
         self.start_task(job, index)
+        self.restarting.pop(key, None)
         if (job == "worker" and index < self.active_workers and not self.cfg.tf1
                 and self.spec[job][index] != address):
             # TF re-joins a worker only at its old address: the chief comes back with
@@ -806,6 +811,7 @@ class JobRunner:
     def saved_state(self) -> dict:
         """What a runner of this job needs to carry on after a master restart (JSON)."""
         return {"restarts": [[j, i, n] for (j, i), n in self.restarts.items()],
+                "restarting": [[j, i, g] for (j, i), g in self.restarting.items()],
                 "events": [{k: v for k, v in e.items() if k != "records_before"}
                            for e in self.events],
                 "actions": [a.report() for a in self.actions if not a.pending],
@@ -860,6 +866,12 @@ class JobRunner:
         for key in [k for k in self.placement if k not in self.current
                     and not (k[0] == "worker" and k[1] >= self.active_workers)]:
             self.start_task(*key)          # never launched before the restart
+        for j, i, generation in saved.get("restarting", []):
+            if (j, i) in self.placement and self.issued.get((j, i), 0) < generation:
+                # the previous master counted this restart but died before launching it
+                self.start_task(j, i)
+                self._event(f"resume: launched the restart of {j}:{i} the previous master "
+                            "had begun")
         self._event(f"resumed after a master restart: adopted {', '.join(adopted) or 'nothing'}")
         chief = self.current.get(("chief", 0))
         if (chief is not None and not self.cfg.tf1 and published.version

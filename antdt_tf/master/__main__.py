@@ -78,6 +78,9 @@ flags.DEFINE_integer("max_shard_failures", 3, "A shard that failed (FAILED, expi
                      "holder died) this often in one epoch is set aside as poisoned.")
 flags.DEFINE_float("grace_seconds", 5.0, "Drain time for in-flight calls on SIGTERM.")
 auth.define_server_flags("controls the job")
+flags.DEFINE_integer("tf_rpc_port", 0, "With TLS: the plaintext port of the workers' "
+                     "TensorFlow RPC data path (TF's RPC ops speak no TLS); 0 picks one. "
+                     "Keep it inside the job's private network.")
 flags.DEFINE_float("tick_seconds", 0.5, "How often leases are checked for expiry and the "
                    "journal synced.")
 
@@ -125,12 +128,13 @@ def _write_port_file(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
-async def _serve(servicer: ShardingServicer, token: str, view, jobs) -> None:
+async def _serve(servicer: ShardingServicer, token: str, tls, view, jobs) -> None:
     from antdt_tf.monitor.service import ClusterMonitorServicer
 
     server = MasterServer(servicer, bind=FLAGS.bind, port=FLAGS.port,
                           tick_seconds=FLAGS.tick_seconds, token=token,
-                          monitor=ClusterMonitorServicer(view), job_control=jobs)
+                          monitor=ClusterMonitorServicer(view), job_control=jobs, tls=tls,
+                          tf_rpc_port=FLAGS.tf_rpc_port, advertise=FLAGS.advertise)
     await server.start()
     log.info("[master] serving antdt.v1.ShardingService on %s (pid %d)", server.address, os.getpid())
     jobs.master_address = f"{_advertised_host()}:{server.port}"
@@ -166,7 +170,7 @@ def main(argv):
     if FLAGS.tick_seconds <= 0 or FLAGS.grace_seconds < 0:
         raise app.UsageError("--tick_seconds must be > 0 and --grace_seconds >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    token = auth.server_token(FLAGS.bind, "antdt-master")
+    token, tls = auth.server_security(FLAGS.bind, "antdt-master")
     state = ShardState(_lease_config())
     _straggler_config()   # bad flags fail here, before anything is opened
     store = None
@@ -199,7 +203,7 @@ def main(argv):
     except CorruptState as e:
         print(f"antdt-master: error: {e}", file=sys.stderr)
         return 3
-    _run_event_loop(_serve(ShardingServicer(state, store), token, view, jobs))
+    _run_event_loop(_serve(ShardingServicer(state, store), token, tls, view, jobs))
     return 0
 
 

@@ -334,6 +334,18 @@ class GetJobClusterRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class GetMasterInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MasterInfo(_message.Message):
+    __slots__ = ("tf_rpc_address", "tls")
+    TF_RPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    tf_rpc_address: str
+    tls: bool
+    def __init__(self, tf_rpc_address: _Optional[str] = ..., tls: bool = ...) -> None: ...
+
 class TaskHealth(_message.Message):
     __slots__ = ("task", "straggler_class", "slowness", "step_seconds", "records_per_second", "latency_ms", "slow_since_unix", "samples", "incarnation")
     class StragglerClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
