@@ -325,7 +325,9 @@ def channel(address: str, options=None, token: Optional[str] = None,
     else:
         cert, key, ca = tls.read()
         options = list(options or ())
-        name = os.environ.get(TLS_SERVER_NAME_ENV, "")
+        # a Unix socket has no host name: the server's certificate must name localhost
+        name = os.environ.get(TLS_SERVER_NAME_ENV, "") or (
+            "localhost" if address.startswith("unix:") else "")
         if name:
             options.append(("grpc.ssl_target_name_override", name))
         ch = grpc.secure_channel(address, grpc.ssl_channel_credentials(

@@ -74,6 +74,10 @@ flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
 flags.DEFINE_boolean("local_security", True, "--backend=local: give the job a fresh token "
                      "and a throw-away CA (workdir/tls), so every call between its processes "
                      "is authenticated and encrypted, as across real hosts.")
+flags.DEFINE_boolean("private_network", True, "--backend=local: run the master, the agents "
+                     "and every TF task in a network namespace of the job's own (root or "
+                     "user namespaces), so none of their ports — TensorFlow's open, "
+                     "unauthenticated servers above all — is reachable from outside it.")
 auth.define_tls_flags()     # --backend=agents: the launcher's identity towards the master
 flags.DEFINE_enum("api", "custom_loop", ["custom_loop", "keras", "mts", "estimator"],
                   "How the job trains: custom_loop = antdt-coordinator (ClusterCoordinator "
@@ -285,7 +289,8 @@ def main(argv):
         else:
             from antdt_tf.launcher.follow import run_local
 
-            report = run_local(cfg, secure=FLAGS.local_security)
+            report = run_local(cfg, secure=FLAGS.local_security,
+                               isolate=FLAGS.private_network)
     except (RuntimeError, TimeoutError, AntdtError) as e:
         print(f"antdt-launch: the job failed: {e}\n  logs: {cfg.workdir}/host*/", file=sys.stderr)
         return 1

@@ -50,9 +50,12 @@ class LoopbackAgentsBackend(AgentsBackend):
 class LocalBackend(LoopbackAgentsBackend):
     def __init__(self, num_hosts: int, workdir, estimator_python: str = "",
                  master: str = "", host_timeout: float = 10.0, start_timeout: float = 60.0,
-                 job_roots: tuple = (), read_roots: tuple = ()):
+                 job_roots: tuple = (), read_roots: tuple = (), network=None):
         """``job_roots``: where tasks may write besides ``workdir`` (e.g. a checkpoint
-        directory elsewhere); ``read_roots``: where they may read data from."""
+        directory elsewhere); ``read_roots``: where they may read data from;
+        ``network``: a PrivateNetwork the agents (and so their tasks) run in — then only
+        processes in it reach them, this object's own calls included."""
+        self.network = network
         if num_hosts < 1:
             raise ValueError(f"num_hosts must be >= 1, got {num_hosts}")
         self.workdir = pathlib.Path(workdir)
@@ -81,6 +84,8 @@ class LocalBackend(LoopbackAgentsBackend):
                 f"--job_root={self._roots[0]}", f"--read_roots={self._roots[1]}"]
         if master:
             args.append(f"--master={master}")
+        if self.network is not None:
+            args = self.network.command(args)
         with open(host_dir / "agent.log", "ab") as out:
             proc = self.procs[name] = subprocess.Popen(
                 args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,

@@ -78,6 +78,9 @@ flags.DEFINE_integer("max_shard_failures", 3, "A shard that failed (FAILED, expi
                      "holder died) this often in one epoch is set aside as poisoned.")
 flags.DEFINE_float("grace_seconds", 5.0, "Drain time for in-flight calls on SIGTERM.")
 auth.define_server_flags("controls the job")
+flags.DEFINE_string("unix_socket", "", "Also serve on this Unix socket (same token and "
+                    "TLS): how a launcher outside the job's private network namespace "
+                    "reaches the master.")
 flags.DEFINE_integer("tf_rpc_port", 0, "With TLS: the plaintext port of the workers' "
                      "TensorFlow RPC data path (TF's RPC ops speak no TLS); 0 picks one. "
                      "Keep it inside the job's private network.")
@@ -134,7 +137,8 @@ async def _serve(servicer: ShardingServicer, token: str, tls, view, jobs) -> Non
     server = MasterServer(servicer, bind=FLAGS.bind, port=FLAGS.port,
                           tick_seconds=FLAGS.tick_seconds, token=token,
                           monitor=ClusterMonitorServicer(view), job_control=jobs, tls=tls,
-                          tf_rpc_port=FLAGS.tf_rpc_port, advertise=FLAGS.advertise)
+                          tf_rpc_port=FLAGS.tf_rpc_port, advertise=FLAGS.advertise,
+                          unix_socket=FLAGS.unix_socket)
     await server.start()
     log.info("[master] serving antdt.v1.ShardingService on %s (pid %d)", server.address, os.getpid())
     jobs.master_address = f"{_advertised_host()}:{server.port}"

@@ -4,6 +4,7 @@ TF-RPC data path and the health service, composed in one place."""
 from __future__ import annotations
 
 import asyncio
+import pathlib
 from typing import Callable, Optional
 
 import grpc
@@ -24,10 +25,12 @@ class MasterServer:
     def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
                  tick_seconds: float = 0.5, monitor=None, token: str = "",
                  job_control=None, tls: Optional[TlsFiles] = None, tf_rpc_port: int = 0,
-                 advertise: str = ""):
+                 advertise: str = "", unix_socket: str = ""):
         """``tls``: the main port requires mutual TLS; TensorFlow's RPC ops (no TLS) then
         get a plaintext port of their own (``tf_rpc_port``, 0: any free one), reported
-        by GetMasterInfo at ``advertise`` (default: the bind address)."""
+        by GetMasterInfo at ``advertise`` (default: the bind address). ``unix_socket``:
+        also serve there (same security), for a client outside the job's network
+        namespace (the local launcher)."""
         self.servicer = servicer
         self.monitor = monitor if monitor is not None else ClusterMonitorServicer(ClusterView())
         self.tf_rpc = TfRpcServicer(servicer, on_step=self.monitor.view.observe_step,
@@ -38,6 +41,7 @@ class MasterServer:
         self.token = token      # the job's token: every call but health checks needs it
         self.job_control = job_control      # antdt.v1.JobService (None: not served)
         self.tls = tls
+        self.unix_socket = unix_socket
         self.requested_tf_rpc_port = tf_rpc_port
         self.advertise = advertise
         self.port: Optional[int] = None
@@ -65,6 +69,10 @@ class MasterServer:
         self.port = add_port(self._server, f"{host}:{self.requested_port}", self.tls)
         if not self.port:
             raise OSError(f"cannot bind {host}:{self.requested_port}")
+        if self.unix_socket:
+            pathlib.Path(self.unix_socket).unlink(missing_ok=True)   # a dead master's
+            if not add_port(self._server, f"unix:{self.unix_socket}", self.tls):
+                raise OSError(f"cannot serve on the Unix socket {self.unix_socket}")
         self.tf_rpc_port = self.port
         if self.tls is not None:
             # TF's RPC ops speak no TLS: their service alone, in plaintext, on a port of
