@@ -27,7 +27,7 @@ from typing import Optional
 
 from google.protobuf.message import DecodeError
 
-from antdt_tf.errors import CorruptState, DataError, InvalidRequest, JobConflict
+from antdt_tf.errors import CorruptState, DataError, InvalidRequest, JobConflict, bounded, shown
 from antdt_tf.proto import job_pb2 as jpb
 
 log = logging.getLogger(__name__)
@@ -147,13 +147,21 @@ class JobControl:
                     return self._status(len(self.events))    # a retried submit
                 raise JobConflict("this master runs another job; start a master with its "
                                   "own state dir for a new one")
+        for name in ("data", "eval_data"):
+            path = getattr(cfg, name)
+            if not path:
+                continue
+            try:
+                RecordFile(path)
+            except (DataError, OSError, ValueError) as e:
+                # the path is quoted once, cut (shown), not in full by the reason
+                reason = str(e).replace(path, "it") if path else str(e)
+                raise InvalidRequest(bounded(f"JobSpec.{name} {shown(path)}: {reason}")) from e
         try:
-            RecordFile(cfg.data)
-            if cfg.eval_data:
-                RecordFile(cfg.eval_data)
-        except (DataError, OSError) as e:
-            raise InvalidRequest(f"JobSpec.data: {e}") from e
-        cfg.workdir.mkdir(parents=True, exist_ok=True)
+            cfg.workdir.mkdir(parents=True, exist_ok=True)
+        except (OSError, ValueError) as e:
+            raise InvalidRequest(f"JobSpec.workdir {shown(str(cfg.workdir))} cannot be "
+                                 f"created: {type(e).__name__}") from e
         with self._lock:
             self._write("job.pb", req.spec.SerializeToString())
             self.spec = jpb.JobSpec()
