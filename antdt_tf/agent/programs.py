@@ -180,8 +180,12 @@ def _chief(args: cpb.ChiefArgs, paths: PathPolicy, keras: bool) -> Command:
 
 def _tf1_trainer(args: cpb.Tf1TrainerArgs, paths: PathPolicy, estimator: bool) -> Command:
     cluster = _cluster("tf1_trainer.cluster", args.cluster, ("ps", "worker"))
-    if not 0 <= args.task_index < len(cluster["worker"]):
-        raise InvalidRequest(f"tf1_trainer.task_index {args.task_index} is not a worker of "
+    job = args.job or "worker"
+    if job not in ("worker", "ps") or (job == "ps" and not estimator):
+        raise InvalidRequest(f"tf1_trainer.job must be worker{' or ps' if estimator else ''}, "
+                             f"got {_show(args.job)}")
+    if not 0 <= args.task_index < len(cluster[job]):
+        raise InvalidRequest(f"tf1_trainer.task_index {args.task_index} is not a {job} of "
                              "the cluster")
     argv = [_flag("master", _address("tf1_trainer.master", args.master)),
             _flag("dataset", _name("tf1_trainer.dataset", args.dataset)),
@@ -217,7 +221,8 @@ def _tf1_trainer(args: cpb.Tf1TrainerArgs, paths: PathPolicy, estimator: bool) -
         argv.append(_flag("model_dir", checkpoint))
     workers = cluster["worker"]
     i = args.task_index
-    task = {"type": "chief", "index": 0} if i == 0 else {"type": "worker", "index": i - 1}
+    task = ({"type": "ps", "index": i} if job == "ps" else
+            {"type": "chief", "index": 0} if i == 0 else {"type": "worker", "index": i - 1})
     tf_config = {"cluster": {"chief": workers[:1], "worker": workers[1:], "ps": cluster["ps"]},
                  "task": task}
     return Command("estimator_examples.train_estimator", tuple(argv),

@@ -110,6 +110,8 @@ class EmbeddedMaster:
                  f"--straggler_persistent_after_seconds="
                  f"{cfg.straggler_persistent_after_seconds}",
                  f"--tf_rpc_port={self.tf_rpc_port}", f"--unix_socket={self.unix_socket}"]
+        if ":" in cfg.policy:      # the user's own policy: this master may import it
+            argv.append(f"--policy_modules={cfg.policy.partition(':')[0]}")
         if self.network is not None:
             argv = self.network.command(argv)
         with open(self.log_path, "ab") as log:

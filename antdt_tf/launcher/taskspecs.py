@@ -71,16 +71,17 @@ def tf1_task_args(ctx: TaskContext, job: str, index: int, standby_file: str = ""
     cfg = ctx.cfg
     cluster = cluster_addresses({"ps": ctx.spec["ps"],
                                  "worker": ctx.spec["worker"][:ctx.active_workers]})
-    if job == "ps":
+    if job == "ps" and cfg.api == "mts":
         return cpb.TF_SERVER, cpb.TfServerArgs(cluster=cluster, job="ps", index=index,
                                                standby_file=standby_file)
+    # tf.estimator runs its PS from the same program (its role from TF_CONFIG)
     args = cpb.Tf1TrainerArgs(
-        cluster=cluster, task_index=index, checkpoint_dir=str(cfg.checkpoint_dir),
+        cluster=cluster, task_index=index, job=job, checkpoint_dir=str(cfg.checkpoint_dir),
         master=ctx.master_address, dataset="train", data=str(cfg.data), register=False,
         batch_size=cfg.batch_size, buckets=cfg.buckets, learning_rate=cfg.learning_rate,
         save_secs=max(1, round(cfg.checkpoint_every_seconds)),
         report_json=str(ctx.coordinator_report_path), audit=cfg.audit,
         standby_file=standby_file)
-    if cfg.eval_data and index == 0:
+    if cfg.eval_data and index == 0 and job == "worker":
         args.eval_data = str(cfg.eval_data)
     return (cpb.MTS_TRAINER if cfg.api == "mts" else cpb.ESTIMATOR_TRAINER), args

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pathlib
 import signal
 import sys
 
@@ -78,12 +79,16 @@ flags.DEFINE_integer("max_shard_failures", 3, "A shard that failed (FAILED, expi
                      "holder died) this often in one epoch is set aside as poisoned.")
 flags.DEFINE_float("grace_seconds", 5.0, "Drain time for in-flight calls on SIGTERM.")
 auth.define_server_flags("controls the job")
+flags.DEFINE_list("policy_modules", [], "Modules a submitted job may take its Controller "
+                  "policy from (module:Class): loading one imports it into this master. "
+                  "Presets need none.")
 flags.DEFINE_string("unix_socket", "", "Also serve on this Unix socket (same token and "
                     "TLS): how a launcher outside the job's private network namespace "
                     "reaches the master.")
 flags.DEFINE_integer("tf_rpc_port", 0, "With TLS: the plaintext port of the workers' "
-                     "TensorFlow RPC data path (TF's RPC ops speak no TLS); 0 picks one. "
-                     "Keep it inside the job's private network.")
+                     "TensorFlow RPC data path (TF's RPC ops speak no TLS); 0: the one this "
+                     "master used before (kept in --state_dir), else any free port. Keep it "
+                     "inside the job's private network.")
 flags.DEFINE_float("tick_seconds", 0.5, "How often leases are checked for expiry and the "
                    "journal synced.")
 
@@ -131,15 +136,28 @@ def _write_port_file(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
+def _kept_tf_rpc_port() -> int:
+    """The TF-RPC port this master served on before a restart (its state dir keeps it):
+    the workers' graphs hold that address, so a restarted master serves there again."""
+    if not FLAGS.state_dir:
+        return 0
+    try:
+        return int(pathlib.Path(FLAGS.state_dir, "tf_rpc.port").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
 async def _serve(servicer: ShardingServicer, token: str, tls, view, jobs) -> None:
     from antdt_tf.monitor.service import ClusterMonitorServicer
 
     server = MasterServer(servicer, bind=FLAGS.bind, port=FLAGS.port,
                           tick_seconds=FLAGS.tick_seconds, token=token,
                           monitor=ClusterMonitorServicer(view), job_control=jobs, tls=tls,
-                          tf_rpc_port=FLAGS.tf_rpc_port, advertise=FLAGS.advertise,
-                          unix_socket=FLAGS.unix_socket)
+                          tf_rpc_port=FLAGS.tf_rpc_port or _kept_tf_rpc_port(),
+                          advertise=FLAGS.advertise, unix_socket=FLAGS.unix_socket)
     await server.start()
+    if tls is not None and FLAGS.state_dir:
+        _write_port_file(os.path.join(FLAGS.state_dir, "tf_rpc.port"), server.tf_rpc_port)
     log.info("[master] serving antdt.v1.ShardingService on %s (pid %d)", server.address, os.getpid())
     jobs.master_address = f"{_advertised_host()}:{server.port}"
     jobs.start()      # a job that was running when this master stopped carries on
@@ -203,7 +221,7 @@ def main(argv):
     from antdt_tf.master.job_control import JobControl
 
     try:
-        jobs = JobControl(FLAGS.state_dir)
+        jobs = JobControl(FLAGS.state_dir, policy_modules=tuple(FLAGS.policy_modules))
     except CorruptState as e:
         print(f"antdt-master: error: {e}", file=sys.stderr)
         return 3

@@ -35,8 +35,13 @@ SERVICE_NAME = "antdt.v1.JobService"
 
 
 class JobControl:
-    def __init__(self, state_dir: str = "", master_address: str = ""):
+    def __init__(self, state_dir: str = "", master_address: str = "",
+                 policy_modules: tuple = ()):
+        """``policy_modules``: the modules a submitted job may name a policy from
+        (``module:Class``); loading one imports it into this master, so its operator
+        allows them (``antdt-master --policy_modules``). Presets are always allowed."""
         self.dir = pathlib.Path(state_dir) if state_dir else None
+        self.policy_modules = tuple(policy_modules)
         self.master_address = master_address   # set once the server is bound
         self._lock = threading.Lock()
         self.spec: Optional[jpb.JobSpec] = None
@@ -141,6 +146,12 @@ class JobControl:
         from antdt_tf.launcher.config import from_proto
 
         cfg = from_proto(req.spec)            # InvalidRequest: nothing starts
+        module = cfg.policy.partition(":")[0] if ":" in cfg.policy else ""
+        if module and module not in self.policy_modules:
+            raise InvalidRequest(
+                f"JobSpec.policy {shown(cfg.policy)}: this master imports user policies only "
+                "from the modules its operator allowed (antdt-master --policy_modules="
+                f"{','.join(self.policy_modules) or '<none>'}); or use a preset")
         with self._lock:
             if self.spec is not None:
                 if self.spec == req.spec:

@@ -141,9 +141,10 @@ class ChiefArgs(_message.Message):
     def __init__(self, master: _Optional[str] = ..., dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., buckets: _Optional[int] = ..., learning_rate: _Optional[float] = ..., report_json: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every_seconds: _Optional[float] = ..., checkpoint_every_shards: _Optional[int] = ..., data_path: _Optional[str] = ..., tensorboard_dir: _Optional[str] = ..., worker_slots: _Optional[int] = ..., mode: _Optional[str] = ..., eval_data: _Optional[str] = ..., audit: bool = ...) -> None: ...
 
 class Tf1TrainerArgs(_message.Message):
-    __slots__ = ("cluster", "task_index", "checkpoint_dir", "master", "dataset", "data", "batch_size", "buckets", "learning_rate", "save_secs", "report_json", "audit", "eval_data", "register", "standby_file")
+    __slots__ = ("cluster", "task_index", "job", "checkpoint_dir", "master", "dataset", "data", "batch_size", "buckets", "learning_rate", "save_secs", "report_json", "audit", "eval_data", "register", "standby_file")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     MASTER_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +160,7 @@ class Tf1TrainerArgs(_message.Message):
     STANDBY_FILE_FIELD_NUMBER: _ClassVar[int]
     cluster: ClusterAddresses
     task_index: int
+    job: str
     checkpoint_dir: str
     master: str
     dataset: str
@@ -172,7 +174,7 @@ class Tf1TrainerArgs(_message.Message):
     eval_data: str
     register: bool
     standby_file: str
-    def __init__(self, cluster: _Optional[_Union[ClusterAddresses, _Mapping]] = ..., task_index: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., master: _Optional[str] = ..., dataset: _Optional[str] = ..., data: _Optional[str] = ..., batch_size: _Optional[int] = ..., buckets: _Optional[int] = ..., learning_rate: _Optional[float] = ..., save_secs: _Optional[int] = ..., report_json: _Optional[str] = ..., audit: bool = ..., eval_data: _Optional[str] = ..., register: bool = ..., standby_file: _Optional[str] = ...) -> None: ...
+    def __init__(self, cluster: _Optional[_Union[ClusterAddresses, _Mapping]] = ..., task_index: _Optional[int] = ..., job: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., master: _Optional[str] = ..., dataset: _Optional[str] = ..., data: _Optional[str] = ..., batch_size: _Optional[int] = ..., buckets: _Optional[int] = ..., learning_rate: _Optional[float] = ..., save_secs: _Optional[int] = ..., report_json: _Optional[str] = ..., audit: bool = ..., eval_data: _Optional[str] = ..., register: bool = ..., standby_file: _Optional[str] = ...) -> None: ...
 
 class ProbeTaskArgs(_message.Message):
     __slots__ = ("endpoint", "name", "exit_after_seconds", "exit_code", "allocate_mb")
