@@ -23,6 +23,7 @@ setup(
         "numpy>=1.26",
         "google-crc32c>=1.5",  # C CRC32C for the TFRecord framing of .adtr record files
         "uvloop>=0.19",  # the master's event loop: more calls per CPU second
+        "cryptography>=42",  # the throw-away job CA of local runs (antdt_tf.auth)
     ],
     extras_require={
         # tf-keras (model.fit under ParameterServerStrategy; Keras 3 has no PSS support)

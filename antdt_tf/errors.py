@@ -9,6 +9,29 @@ classify failures by type, never by message text.
 # same type (here, not in the service module: a client must not import the server side)
 ERROR_METADATA_KEY = "antdt-error"
 
+# An error message quotes at most this many characters of any value a caller sent
+SHOWN_CHARS = 80
+# and is never longer than this as a whole (gRPC carries it in a trailer: 16 KiB at most)
+MAX_MESSAGE_CHARS = 2000
+
+
+def shown(value) -> str:
+    """``value`` (a caller's input) as an error message quotes it: ``repr``-quoted, so a
+    newline or an empty string is visible, and cut to :data:`SHOWN_CHARS` characters with
+    an ellipsis, so a huge input never makes the message huge."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > SHOWN_CHARS:
+        return repr(text[:SHOWN_CHARS]) + f"\u2026 ({len(text)} chars)"
+    return repr(text)
+
+
+def bounded(message: str) -> str:
+    """A whole error message cut to :data:`MAX_MESSAGE_CHARS` (a last guard; the values
+    in it are cut by :func:`shown` already)."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[:MAX_MESSAGE_CHARS] + "\u2026"
+
 
 class AntdtError(Exception):
     """Root of all antdt-tf errors."""

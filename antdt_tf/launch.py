@@ -48,11 +48,11 @@ import tempfile
 
 from absl import app, flags
 
-from antdt_tf import exitcodes
+from antdt_tf import auth, exitcodes
 from antdt_tf.agent.inject import parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
 from antdt_tf.launcher.config import (SOURCE_ROOT, TF1_APIS, JobConfig, generate_data,
-                                      skips_refused_leases, validate)
+                                      skips_refused_leases, check_spec, to_proto)
 from antdt_tf.launcher.report import summary_table
 
 FLAGS = flags.FLAGS
@@ -74,6 +74,14 @@ flags.DEFINE_float("host_timeout_seconds", 10.0, "--backend=agents: a host whose
                    "not heard from for this long is lost; its tasks are relaunched on the "
                    "others.")
 flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
+flags.DEFINE_boolean("local_security", True, "--backend=local: give the job a fresh token "
+                     "and a throw-away CA (workdir/tls), so every call between its processes "
+                     "is authenticated and encrypted, as across real hosts.")
+flags.DEFINE_boolean("private_network", True, "--backend=local: run the master, the agents "
+                     "and every TF task in a network namespace of the job's own (root or "
+                     "user namespaces), so none of their ports — TensorFlow's open, "
+                     "unauthenticated servers above all — is reachable from outside it.")
+auth.define_tls_flags()     # --backend=agents: the launcher's identity towards the master
 flags.DEFINE_enum("api", "custom_loop", ["custom_loop", "keras", "mts", "estimator"],
                   "How the job trains: custom_loop = antdt-coordinator (ClusterCoordinator "
                   "loop); keras = antdt-keras-trainer (tf-keras model.fit with the antdt "
@@ -272,8 +280,9 @@ def config_from_flags() -> JobConfig:
         min_gain_seconds=FLAGS.min_gain_seconds, max_workers=FLAGS.max_workers,
         estimator_python=estimator_python)
     try:    # what the master would refuse at submission, refused before anything exists
-        validate(dataclasses.replace(cfg, data=data or "(generated)"), workdir=pathlib.Path(
-            workdir or tempfile.gettempdir()).resolve())
+        check_spec(to_proto(dataclasses.replace(
+            cfg, data=data or "(generated)",
+            workdir=workdir or pathlib.Path(tempfile.gettempdir()).resolve())))
     except InvalidRequest as e:
         raise app.UsageError(str(e).replace("JobSpec.", "--")) from e
     try:
@@ -296,6 +305,7 @@ def config_from_flags() -> JobConfig:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    auth.flag_tls()       # checked before config_from_flags creates the workdir
     cfg = config_from_flags()
     where = (f"the hosts registered with {cfg.master}" if cfg.agents
              else f"{cfg.num_hosts} simulated host(s)")
@@ -311,7 +321,8 @@ def main(argv):
         else:
             from antdt_tf.launcher.follow import run_local
 
-            report = run_local(cfg)
+            report = run_local(cfg, secure=FLAGS.local_security,
+                               isolate=FLAGS.private_network)
     except (RuntimeError, TimeoutError, AntdtError) as e:
         print(f"antdt-launch: the job failed: {e}\n  logs: {cfg.workdir}/host*/", file=sys.stderr)
         return exitcodes.FAILED

@@ -5,16 +5,19 @@ INVALID_ARGUMENT, not gRPC's INTERNAL), and the server options."""
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
-from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, DatasetConflict,
+from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, DatasetConflict, bounded,
                              IncompatibleState, InvalidRequest, JobConflict, LeaseNotHeld,
                              StaleGeneration,
                              StaleIncarnation, TaskAlreadyRunning, UnknownDataset, UnknownTask)
+
+log = logging.getLogger(__name__)
 
 ERROR_CODES: dict[type, grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
@@ -64,12 +67,16 @@ def aio_handler(fn: Callable, after: Callable[[], None]):
         if isinstance(request, Malformed):
             context.set_trailing_metadata(((ERROR_METADATA_KEY, "InvalidRequest"),))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"malformed request: {request.error}")
+                                bounded(f"malformed request: {request.error}"))
         try:
             response = fn(request)
         except AntdtError as e:
             context.set_trailing_metadata(((ERROR_METADATA_KEY, type(e).__name__),))
-            await context.abort(status_of(e), str(e))
+            await context.abort(status_of(e), bounded(str(e)))
+        except Exception:  # noqa: BLE001 (a bug: never a traceback or the input to the caller)
+            log.exception("%s failed unexpectedly", getattr(fn, "__name__", fn))
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                "internal error in the master (see its log)")
         after()
         return response
     return handle

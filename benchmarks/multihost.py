@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -80,7 +79,8 @@ def scenario2(tmp: pathlib.Path, data: str, backend: str, policy: str) -> dict:
     if backend == "local":
         return _report(_launch(workdir, data, *common), workdir)
     with netns.NetnsHosts(3) as net:
-        master = netns.start_antdt_cluster(net, tmp / f"cluster-{backend}-{policy}", *MONITOR)
+        master = netns.start_antdt_cluster(net, tmp / f"cluster-{backend}-{policy}", *MONITOR,
+                                              job_root=tmp)
         return _report(_launch(workdir, data, "--backend=agents", f"--master={master}",
                                "--num_hosts=3", *common), workdir)
 
@@ -95,7 +95,8 @@ def move(tmp: pathlib.Path, data: str, backend: str) -> dict:
     if backend == "local":
         return _report(_launch(workdir, data, *common), workdir)
     with netns.NetnsHosts(3) as net:
-        master = netns.start_antdt_cluster(net, tmp / f"cluster-move-{backend}", *monitor)
+        master = netns.start_antdt_cluster(net, tmp / f"cluster-move-{backend}", *monitor,
+                                              job_root=tmp)
         return _report(_launch(workdir, data, "--backend=agents", f"--master={master}",
                                "--num_hosts=3", *common), workdir)
 
@@ -105,7 +106,7 @@ def host_loss(tmp: pathlib.Path, data: str, records: int) -> dict:
 
     workdir = tmp / "loss"
     with netns.NetnsHosts(3) as net:
-        master = netns.start_antdt_cluster(net, tmp / "cluster-loss")
+        master = netns.start_antdt_cluster(net, tmp / "cluster-loss", job_root=tmp)
         proc = _launch(workdir, data, "--backend=agents", f"--master={master}",
                        "--num_hosts=3", "--num_ps=2", "--num_workers=2", "--policy=dynamic",
                        "--host_timeout_seconds=3")
@@ -153,10 +154,10 @@ def main(argv):
     ok, why = netns.available()
     if not ok:
         raise app.UsageError(f"this benchmark needs network namespaces: {why}")
-    os.environ.setdefault("ANTDT_JOB_TOKEN", secrets.token_hex(16))
     from antdt_tf.launch import generate_data
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="antdt-multihost-"))
+    netns.job_security(tmp / "tls", os.environ.__setitem__)
     data, _ = generate_data(tmp, max(FLAGS.records, FLAGS.loss_records), 0, seed=1)
     move_data, _ = generate_data(tmp / "move", FLAGS.move_records, 0, seed=2)
     rows = {}

@@ -170,11 +170,30 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def job_security(directory, setenv) -> None:
+    """A job token and a throw-away CA whose certificate names the bridge and the first
+    16 namespace hosts, in the environment (``setenv(name, value)``, e.g. pytest's
+    ``monkeypatch.setenv``): every process of the cluster and the test's clients then
+    authenticate with both, as they must beyond loopback."""
+    import secrets
+
+    from antdt_tf import auth
+
+    setenv(auth.TOKEN_ENV, secrets.token_hex(16))
+    hosts = [BRIDGE_ADDRESS, *(f"{SUBNET}.{10 + i}" for i in range(16)), "127.0.0.1"]
+    tls = auth.make_job_ca(directory, hosts=hosts)
+    for name, var in auth.TLS_ENV.items():
+        setenv(var, getattr(tls, name))
+
+
 def start_antdt_cluster(net: NetnsHosts, workdir, *master_flags: str,
-                        report_seconds: float = 0.5) -> str:
+                        report_seconds: float = 0.5, job_root=None) -> str:
     """An antdt-master on the bridge address (state in ``workdir/master``) and an
     ``antdt-agent`` on every host, registering with it; returns the master's address.
-    The caller sets ``$ANTDT_JOB_TOKEN`` first (the master listens beyond loopback).
+    The agents run tasks whose paths lie under ``job_root`` (default: ``workdir``) —
+    the job's workdir, checkpoints and data must be there.
+    The caller sets the job's token and TLS files first (``job_security``: the master
+    and the agents listen beyond loopback).
     Logs: ``workdir/cluster.log``; every process is in ``net.procs`` (closed with it)."""
     import pathlib
     import sys
@@ -197,7 +216,8 @@ def start_antdt_cluster(net: NetnsHosts, workdir, *master_flags: str,
         net.popen(i, [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name=h{i}",
                       f"--bind={address}", f"--advertise={address}", "--port=7471",
                       f"--master={master}", f"--report_seconds={report_seconds}",
-                      "--task_ports=21000-21999", f"--task_log_dir={workdir / f'h{i}'}"],
+                      "--task_ports=21000-21999", f"--task_log_dir={workdir / f'h{i}'}",
+                      f"--job_root={job_root or workdir}"],
                   stdout=log, stderr=log, env=child_env())
     log.close()
     return master

@@ -64,9 +64,26 @@ def agent(tmp_path, master):
     a.stop()
 
 
-def master_args(tmp_path, name):
-    """A light real program for the agent to run: an in-memory antdt-master."""
-    return ["--port=0", f"--port_file={tmp_path / name}"]
+def probe(**fields):
+    """A light real program for the agent to run: a probe task serving a port."""
+    return cpb.ProbeTaskArgs(**fields)
+
+
+def serving(endpoint: str) -> bool:
+    import socket
+
+    host, port = endpoint.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def free_endpoint() -> str:
+    from antdt_tf.tf.local_cluster import free_ports
+
+    return f"127.0.0.1:{free_ports(1)[0]}"
 
 
 def wait_for(predicate, timeout=20.0, what="condition"):
@@ -80,10 +97,11 @@ def wait_for(predicate, timeout=20.0, what="condition"):
 
 
 def test_start_list_kill_restart_and_report_to_master(tmp_path, agent, master):
-    st = agent.client.start("worker", 0, "antdt-master", master_args(tmp_path, "w0"))
+    endpoint = free_endpoint()
+    st = agent.client.start("worker", 0, cpb.PROBE_TASK, probe(endpoint=endpoint))
     assert st.state == cpb.TaskStatus.RUNNING and st.starts == 1
     assert psutil.Process(st.pid).is_running()
-    wait_for(lambda: (tmp_path / "w0").exists(), what="the task to serve")
+    wait_for(lambda: serving(endpoint), what="the task to serve")
     (listed,) = agent.client.list().tasks
     assert listed.pid == st.pid and listed.state == cpb.TaskStatus.RUNNING
 
@@ -100,21 +118,20 @@ def test_start_list_kill_restart_and_report_to_master(tmp_path, agent, master):
         status = mon.status()
         assert status.agents[0].host == "h0" and status.agents[0].agent_address == agent.address
 
-    again = agent.client.start("worker", 0, "antdt-master", master_args(tmp_path, "w0b"))
+    again = agent.client.start("worker", 0, cpb.PROBE_TASK, probe())
     assert again.starts == 2 and again.pid != st.pid
 
 
 def test_a_task_that_exits_on_its_own_is_reported_exited(tmp_path, agent):
-    # --port=70000 is a usage error: the program exits 1 by itself
-    agent.client.start("ps", 0, "antdt-master", ["--port=70000"])
+    agent.client.start("ps", 0, cpb.PROBE_TASK, probe(exit_after_seconds=0, exit_code=3))
     st = wait_for(lambda: next((t for t in agent.client.list().tasks
                                 if t.state != cpb.TaskStatus.RUNNING), None), what="the exit")
-    assert st.state == cpb.TaskStatus.EXITED and st.exit_code == 1
-    assert "port" in pathlib.Path(st.log_path).read_text()
+    assert st.state == cpb.TaskStatus.EXITED and st.exit_code == 3
+    assert "PROBE_TASK" in pathlib.Path(st.log_path).read_text()
 
 
 def test_throttle_slows_for_a_while_then_restores(tmp_path, agent):
-    agent.client.start("worker", 1, "antdt-master", master_args(tmp_path, "w1"))
+    agent.client.start("worker", 1, cpb.PROBE_TASK, probe())
     st = agent.client.throttle("worker", 1, slowdown=3, duration_seconds=1.0)
     assert st.slowdown == 3
     proc = psutil.Process(st.pid)
@@ -126,16 +143,18 @@ def test_throttle_slows_for_a_while_then_restores(tmp_path, agent):
 
 def test_bad_requests_get_typed_errors_and_change_nothing(tmp_path, agent):
     with pytest.raises(errors.InvalidRequest, match="unknown program"):
-        agent.client.start("worker", 0, "/bin/sh", ["-c", "true"])
+        agent.client.start("worker", 0, 99, probe())
+    with pytest.raises(errors.InvalidRequest, match="takes its arguments in 'tf_server'"):
+        agent.client.start("worker", 0, cpb.TF_SERVER, probe())
     with pytest.raises(errors.InvalidRequest, match="unknown job"):
-        agent.client.start("evaluator", 0, "antdt-master", [])
+        agent.client.start("evaluator", 0, cpb.PROBE_TASK, probe())
     with pytest.raises(errors.UnknownTask):
         agent.client.stop("worker", 7)
     with pytest.raises(errors.UnknownTask):
         agent.client.throttle("ps", 3, slowdown=2)
-    agent.client.start("worker", 0, "antdt-master", master_args(tmp_path, "w0"))
+    agent.client.start("worker", 0, cpb.PROBE_TASK, probe())
     with pytest.raises(errors.TaskAlreadyRunning):
-        agent.client.start("worker", 0, "antdt-master", master_args(tmp_path, "w0x"))
+        agent.client.start("worker", 0, cpb.PROBE_TASK, probe())
     with pytest.raises(errors.InvalidRequest, match="slowdown"):
         agent.client.throttle("worker", 0, slowdown=0.5)
     # bytes that are not a StartTaskRequest at all
@@ -148,9 +167,75 @@ def test_bad_requests_get_typed_errors_and_change_nothing(tmp_path, agent):
     assert only.state == cpb.TaskStatus.RUNNING and only.starts == 1
 
 
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out += bytes([byte | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def test_a_caller_cannot_smuggle_environment_into_a_task(tmp_path, agent):
+    """The old ``env`` field (4) is gone from StartTaskRequest: bytes that still carry it
+    (here PYTHONPATH pointing at a sitecustomize.py that would run at interpreter start)
+    reach the agent as an unknown field and the task's environment is the agent's own."""
+    hook, marker = tmp_path / "hook", tmp_path / "pwned"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    endpoint = free_endpoint()
+    req = cpb.StartTaskRequest(task=cpb.TaskRef(job="worker", index=0),
+                               program=cpb.PROBE_TASK, probe=probe(endpoint=endpoint))
+    key, value = b"PYTHONPATH", str(hook).encode()
+    entry = b"\x0a" + _varint(len(key)) + key + b"\x12" + _varint(len(value)) + value
+    raw = req.SerializeToString() + b"\x22" + _varint(len(entry)) + entry
+    with grpc.insecure_channel(agent.address) as ch:
+        st = ch.unary_unary("/antdt.v1.Agent/StartTask",
+                            response_deserializer=cpb.TaskStatus.FromString)(raw, timeout=20)
+    assert st.state == cpb.TaskStatus.RUNNING
+    wait_for(lambda: serving(endpoint), what="the probe to serve")   # it started
+    assert psutil.Process(st.pid).environ().get("PYTHONPATH", "") != str(hook)
+    assert not marker.exists()
+
+
+def test_paths_outside_the_job_root_and_smuggled_flags_are_refused(tmp_path, agent):
+    root = tmp_path / "tasks"              # the agent's job root (its --task_log_dir)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+
+    def chief(**fields):
+        args = dict(master="127.0.0.1:7470", dataset="train", batch_size=8, buckets=64,
+                    learning_rate=0.1)
+        args.update(fields)
+        return cpb.ChiefArgs(**args)
+
+    refused = {
+        "outside the job root": chief(report_json=str(outside / "r.json")),
+        "outside the job root ": chief(checkpoint_dir="/etc/antdt"),
+        "outside the job root  ": chief(report_json=str(root / "link" / "r.json")),
+        "outside the job root   ": chief(tensorboard_dir=str(root / ".." / "outside")),
+        "absolute path": chief(report_json="r.json"),
+        "dataset must match": chief(dataset="--flagfile=/etc/passwd"),
+        "master must be host:port": chief(master="127.0.0.1:1 --flagfile=/etc/passwd"),
+        "must be > 0": chief(batch_size=-1),
+    }
+    for reason, args in refused.items():
+        with pytest.raises(errors.InvalidRequest, match=reason.strip()):
+            agent.client.start("chief", 0, cpb.PSS_CHIEF, args)
+    with pytest.raises(errors.InvalidRequest, match="outside the job root"):
+        agent.client.start("worker", 0, cpb.TF_SERVER, cpb.TfServerArgs(
+            cluster=cpb.ClusterAddresses(jobs={
+                "ps": cpb.ClusterAddresses.Addresses(address=["127.0.0.1:1"]),
+                "worker": cpb.ClusterAddresses.Addresses(address=["127.0.0.1:2"])}),
+            job="worker", index=0, standby_file="/tmp/elsewhere"))
+    assert list(agent.client.list().tasks) == []     # nothing started
+    assert list(outside.iterdir()) == []
+
+
 def test_agent_sigterm_stops_its_tasks(tmp_path, master):
     a = AgentProcess(tmp_path, master.address)
-    pid = a.client.start("worker", 0, "antdt-master", master_args(tmp_path, "w0")).pid
+    pid = a.client.start("worker", 0, cpb.PROBE_TASK, probe()).pid
     a.stop(signal.SIGTERM)
     assert a.proc.returncode == 0
     wait_for(lambda: not psutil.pid_exists(pid), what="the task to end")
@@ -158,7 +243,7 @@ def test_agent_sigterm_stops_its_tasks(tmp_path, master):
 
 def test_agent_sigkill_leaves_no_orphans(tmp_path, master):
     a = AgentProcess(tmp_path, master.address)
-    pid = a.client.start("worker", 0, "antdt-master", master_args(tmp_path, "w0")).pid
+    pid = a.client.start("worker", 0, cpb.PROBE_TASK, probe()).pid
     a.stop(signal.SIGKILL)
     wait_for(lambda: not psutil.pid_exists(pid), what="the orphan to die")
 

@@ -10,6 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from antdt_tf import auth
+from antdt_tf.proto import cluster_pb2 as cpb
 from antdt_tf.agent.client import AgentClient
 from antdt_tf.errors import AntdtError
 from antdt_tf.sharding.client import ShardingClient
@@ -75,8 +76,8 @@ def test_agent_refuses_a_start_without_the_token(tmp_path):
             time.sleep(0.05)
         address = f"127.0.0.1:{port_file.read_text().strip()}"
         intruder = AgentClient(address, 10, auth.channel(address, token=""))
-        code = _code(lambda: intruder.start("worker", 0, "antdt-probe-task",
-                                            ["--exit_after_seconds=0"]))
+        code = _code(lambda: intruder.start("worker", 0, cpb.PROBE_TASK,
+                                            cpb.ProbeTaskArgs(exit_after_seconds=0)))
         assert code == grpc.StatusCode.UNAUTHENTICATED
         owner = AgentClient(address, 10, auth.channel(address, token=TOKEN))
         assert list(owner.list().tasks) == []      # nothing was started
@@ -138,3 +139,125 @@ def test_tf_rpc_data_path_carries_the_token_in_its_arguments(monkeypatch):
         with ShardingClient(m.address, channel=auth.channel(m.address, token=TOKEN)) as c:
             tasks = {(t.task.type, t.task.index) for t in c.progress("train").tasks}
         assert ("worker", 2) not in tasks and ("worker", 3) not in tasks   # refused: nothing
+
+
+@pytest.fixture(scope="module")
+def cas(tmp_path_factory):
+    """The job's CA (and its certificate) and a stranger's CA, each a real throw-away PKI."""
+    root = tmp_path_factory.mktemp("pki")
+    return auth.make_job_ca(root / "job"), auth.make_job_ca(root / "stranger")
+
+
+def _refused(call) -> grpc.StatusCode:
+    with pytest.raises(AntdtError) as e:
+        call()
+    return e.value.__cause__.code()
+
+
+def test_master_with_tls_refuses_peers_without_the_jobs_certificate(cas, tmp_path):
+    """Mutual TLS: no certificate, a certificate another CA signed, or the right
+    certificate without the token — each refused, and nothing changed."""
+    job, stranger = cas
+    with BackgroundMaster(ShardingServicer(ShardState()), token=TOKEN, tls=job) as m:
+        attempts = {
+            "plaintext": auth.channel(m.address, token=TOKEN, tls=None),
+            "stranger's certificate": auth.channel(m.address, token=TOKEN, tls=stranger),
+            # our CA trusted, but the client's own certificate is the stranger's
+            "stranger's client certificate": auth.channel(
+                m.address, token=TOKEN, tls=auth.TlsFiles(stranger.cert, stranger.key, job.ca)),
+            "no token": auth.channel(m.address, token="", tls=job),
+        }
+        for what, ch in attempts.items():
+            with ShardingClient(m.address, channel=ch, timeout=2) as c:
+                code = _refused(lambda: c.register_dataset(SPEC))
+                # a failed handshake: the call never reaches the master (a client that
+                # waits for the channel to be ready runs out of time instead)
+                assert code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                grpc.StatusCode.UNAUTHENTICATED), what
+        with ShardingClient(m.address, channel=auth.channel(m.address, token=TOKEN,
+                                                             tls=job)) as c:
+            assert not c.progress("").datasets        # every refused call changed nothing
+            c.register_dataset(SPEC)
+            assert [d.name for d in c.progress("").datasets] == ["train"]
+        info = m.server.monitor.master_info
+        assert info.tls and info.tf_rpc_address != m.address   # TF's ops: their own port
+
+
+def test_tls_data_path_keeps_checking_the_token(cas, monkeypatch):
+    """TF's RPC ops speak no TLS: with TLS the master serves them on a plaintext port of
+    their own (GetMasterInfo), where the token is still checked."""
+    import tensorflow as tf
+
+    from antdt_tf.tf import pull
+
+    job, _ = cas
+    with BackgroundMaster(ShardingServicer(ShardState()), token=TOKEN, tls=job) as m:
+        monkeypatch.setenv(auth.TOKEN_ENV, TOKEN)
+        for name, var in auth.TLS_ENV.items():
+            monkeypatch.setenv(var, getattr(job, name))
+        with ShardingClient(m.address) as c:                  # TLS + token from the env
+            c.register_dataset(SPEC)
+        assert pull.tf_rpc_address(m.address) == m.server.monitor.master_info.tf_rpc_address
+        client = pull._client(m.address, 5000, "tls-test")
+        (inc,) = pull._call(client, "antdt.open", [tf.constant("train"),
+                                                   tf.constant(0, tf.int64)], [tf.int64], 5000)
+        assert int(inc) > 0
+        monkeypatch.delenv(auth.TOKEN_ENV)
+        other = pull._client(m.address, 5000, "tls-test-2")
+        with pytest.raises(tf.errors.UnauthenticatedError):
+            pull._call(other, "antdt.open", [tf.constant("train"), tf.constant(2, tf.int64)],
+                       [tf.int64], 5000)
+
+
+def test_agent_with_tls_refuses_a_start_from_a_stranger(cas, tmp_path):
+    job, stranger = cas
+    port_file = tmp_path / "port"
+    env = dict(__import__("os").environ, ANTDT_JOB_TOKEN=TOKEN)
+    proc = subprocess.Popen([sys.executable, "-m", "antdt_tf.agent.agent", "--port=0",
+                             f"--port_file={port_file}", f"--task_log_dir={tmp_path}",
+                             f"--tls_cert={job.cert}", f"--tls_key={job.key}",
+                             f"--tls_ca={job.ca}"], env=env, start_new_session=True)
+    try:
+        import time
+
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        address = f"127.0.0.1:{port_file.read_text().strip()}"
+        start = lambda c: c.start("worker", 0, cpb.PROBE_TASK,  # noqa: E731
+                                  cpb.ProbeTaskArgs(exit_after_seconds=0))
+        for tls in (None, stranger):
+            intruder = AgentClient(address, 2, auth.channel(address, token=TOKEN, tls=tls))
+            assert _refused(lambda: start(intruder)) in (grpc.StatusCode.UNAVAILABLE,
+                                                         grpc.StatusCode.DEADLINE_EXCEEDED)
+            intruder.close()
+        owner = AgentClient(address, 10, auth.channel(address, token=TOKEN, tls=job))
+        assert list(owner.list().tasks) == []      # nothing was started
+        owner.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.parametrize("module", ["antdt_tf.master", "antdt_tf.agent.agent"])
+def test_listening_beyond_loopback_needs_tls_too(module, cas, tmp_path):
+    job, _ = cas
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in auth.TLS_ENV.values()}
+    env[auth.TOKEN_ENV] = TOKEN
+    out = subprocess.run([sys.executable, "-m", module, "--bind=0.0.0.0", "--port=0"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode != 0 and "without TLS" in out.stderr
+    assert "--allow_plaintext_network_access" in out.stderr
+    out = subprocess.run([sys.executable, "-m", module, "--bind=0.0.0.0", "--port=0",
+                          f"--tls_cert={job.cert}", f"--tls_key={job.key}"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode != 0 and "missing --tls_ca" in out.stderr
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    out = subprocess.run([sys.executable, "-m", module, "--port=0",
+                          f"--tls_cert={tmp_path / 'junk.pem'}", f"--tls_key={job.key}",
+                          f"--tls_ca={job.ca}"], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode != 0 and "not a PEM file" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -13,12 +13,13 @@ backends must pass the same tests.
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import socket
 import time
 from typing import Callable
 
 import pytest
+
+from antdt_tf.proto import cluster_pb2 as cpb
 
 from antdt_tf.backends import (ClusterBackend, FailureKind, Placement, TaskName, TaskSpec,
                                TaskState)
@@ -64,8 +65,7 @@ def _agents_env(tmp_path, monkeypatch):
         pytest.skip(why)
     from antdt_tf.backends.agents import AgentsBackend, MasterRendezvous
 
-    token = secrets.token_hex(16)
-    monkeypatch.setenv("ANTDT_JOB_TOKEN", token)     # our clients and every process
+    netns.job_security(tmp_path / "tls", monkeypatch.setenv)  # our clients and every process
     with netns.NetnsHosts(3) as net:
         master_address = netns.start_antdt_cluster(net, tmp_path)
         backends = []
@@ -99,11 +99,12 @@ def _wait(cond, timeout: float, what: str):
         time.sleep(0.1)
 
 
-def probe(backend: ClusterBackend, name: TaskName, host: str, *flags: str,
-          memory_limit_bytes: int = 0) -> TaskSpec:
+def probe(backend: ClusterBackend, name: TaskName, host: str, memory_limit_bytes: int = 0,
+          **fields) -> TaskSpec:
     endpoint = backend.endpoint(name.job, name.index, host)
-    return TaskSpec(name, "antdt-probe-task",
-                    (f"--endpoint={endpoint}", f"--name={name.job}:{name.index}", *flags),
+    return TaskSpec(name, cpb.PROBE_TASK,
+                    cpb.ProbeTaskArgs(endpoint=endpoint, name=f"{name.job}:{name.index}",
+                                      **fields),
                     endpoint=endpoint, memory_limit_bytes=memory_limit_bytes)
 
 
@@ -155,11 +156,11 @@ def test_task_ends_map_to_one_failure_vocabulary(env):
     killed = TaskName("ps", 0)
     stopped = TaskName("ps", 1)
     oom = TaskName("chief", 0)
-    b.launch(probe(b, done, h[0], "--exit_after_seconds=0"), h[0])
-    b.launch(probe(b, crash, h[1], "--exit_after_seconds=0", "--exit_code=3"), h[1])
+    b.launch(probe(b, done, h[0], exit_after_seconds=0), h[0])
+    b.launch(probe(b, crash, h[1], exit_after_seconds=0, exit_code=3), h[1])
     victim = b.launch(probe(b, killed, h[2]), h[2])
     b.launch(probe(b, stopped, h[0]), h[0])
-    b.launch(probe(b, oom, h[1], "--allocate_mb=400", memory_limit_bytes=150 << 20), h[1])
+    b.launch(probe(b, oom, h[1], allocate_mb=400, memory_limit_bytes=150 << 20), h[1])
 
     assert wait_state(b, done, TaskState.SUCCEEDED).failure is None
     f = wait_state(b, crash, TaskState.FAILED).failure

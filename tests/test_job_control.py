@@ -47,6 +47,8 @@ def spec(tmp_path, **change) -> jpb.JobSpec:
     ({"workdir": "relative/dir"}, "absolute path"),
     ({"data": "/no/such/file.adtr"}, "JobSpec.data"),
     ({"batch_size": -5}, "batch_size must be >= 1"),
+    # a user policy imports its module into the master: only modules its operator allowed
+    ({"policy": "os:system"}, "imports user policies only from the modules its operator"),
 ])
 def test_a_bad_spec_is_refused_with_the_reason_and_nothing_is_kept(tmp_path, change, message):
     control = RecordingJobControl(str(tmp_path / "state"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import secrets
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ def hosts(tmp_path, monkeypatch):
     ok, why = netns.available()
     if not ok:
         pytest.skip(why)
-    monkeypatch.setenv("ANTDT_JOB_TOKEN", secrets.token_hex(16))
+    netns.job_security(tmp_path / "tls", monkeypatch.setenv)
     with netns.NetnsHosts(3) as net:
         yield net, netns.start_antdt_cluster(net, tmp_path, "--straggler_window_seconds=3",
                                              "--straggler_persistent_after_seconds=2")

@@ -37,6 +37,7 @@ from absl import app, flags
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from antdt_tf import auth, exitcodes
+from antdt_tf.agent.programs import PathPolicy
 from antdt_tf.agent.supervisor import TaskSupervisor
 from antdt_tf.errors import AntdtError
 from antdt_tf.proto import cluster_pb2 as cpb
@@ -56,6 +57,11 @@ flags.DEFINE_string("advertise", "", "The address of this host that other hosts 
                     "its tasks at (task endpoints); default: the --bind address.")
 flags.DEFINE_string("task_ports", "20000-29999", "FIRST-LAST: ports this host's tasks may "
                     "serve on (the master picks one per task).")
+flags.DEFINE_list("job_root", [], "Every path a task is started with (checkpoints, "
+                  "reports, state) must lie under this directory (or one of these, "
+                  "comma-separated); other paths are refused. Default: --task_log_dir.")
+flags.DEFINE_list("read_roots", [], "Directories a task may also read (not write) data "
+                  "from, e.g. the training data's directory.")
 auth.define_server_flags("runs programs on this host")
 flags.DEFINE_string("estimator_python", "", "Interpreter for tf.estimator programs (a TF 2.15 "
                     "venv, e.g. .venv-tf215/bin/python); default: this agent's Python.")
@@ -169,7 +175,7 @@ def main(argv):
     if FLAGS.report_seconds <= 0:
         raise app.UsageError("--report_seconds must be > 0")
     task_ports = parse_port_range(FLAGS.task_ports)
-    token = auth.server_token(FLAGS.bind, "antdt-agent")
+    token, tls = auth.server_security(FLAGS.bind, "antdt-agent")
     if FLAGS.estimator_python and not os.access(FLAGS.estimator_python, os.X_OK):
         raise app.UsageError(f"--estimator_python={FLAGS.estimator_python} is not an executable")
     if FLAGS.port_file and (problem := exitcodes.output_file_problem(FLAGS.port_file,
@@ -188,9 +194,11 @@ def main(argv):
     import tempfile
     log_dir = FLAGS.task_log_dir or tempfile.mkdtemp(prefix=f"antdt-agent-{FLAGS.host_name}-")
     reporter = None
+    paths = PathPolicy(tuple(os.path.abspath(r) for r in FLAGS.job_root or [log_dir]),
+                       tuple(os.path.abspath(r) for r in FLAGS.read_roots))
     try:
         supervisor = TaskSupervisor(log_dir, on_change=lambda s: reporter and reporter.wake.set(),
-                                    estimator_python=FLAGS.estimator_python)
+                                    estimator_python=FLAGS.estimator_python, paths=paths)
     except OSError as e:
         why = ("exists and is not a directory" if os.path.lexists(log_dir)
                and not os.path.isdir(log_dir) else f"cannot be created: {e.strerror or e}")
@@ -204,7 +212,7 @@ def main(argv):
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     host = f"[{FLAGS.bind}]" if ":" in FLAGS.bind else FLAGS.bind
     try:
-        port = server.add_insecure_port(f"{host}:{FLAGS.port}")
+        port = auth.add_port(server, f"{host}:{FLAGS.port}", tls)
     except RuntimeError:      # lost a race for the port since the check
         port = 0
     if not port:
@@ -229,8 +237,8 @@ def main(argv):
         with open(tmp, "w") as f:
             f.write(f"{port}\n")
         os.replace(tmp, FLAGS.port_file)
-    log.info("serving antdt.v1.Agent on %s (pid %d), task logs in %s", address, os.getpid(),
-             log_dir)
+    log.info("serving antdt.v1.Agent on %s (pid %d), task logs in %s, job root %s",
+             address, os.getpid(), log_dir, ",".join(paths.job_roots))
     while not stopping:
         time.sleep(0.2)
     log.info("stopping: ending every task this agent started")

@@ -33,12 +33,18 @@ class AgentClient:
         except grpc.RpcError as e:
             _raise_typed(e, f"agent {self.address} {method}", AgentUnavailable)
 
-    def start(self, job: str, index: int, program: str, args=(), env=None, generation: int = 0,
+    def start(self, job: str, index: int, program: int, args, generation: int = 0,
               endpoint: str = "", memory_limit_bytes: int = 0) -> cpb.TaskStatus:
-        return self._call("StartTask", cpb.StartTaskRequest(
-            task=cpb.TaskRef(job=job, index=index), program=program, args=list(args),
-            env=dict(env or {}), generation=generation, endpoint=endpoint,
-            memory_limit_bytes=memory_limit_bytes))
+        """Starts ``program`` (``cpb.Program``) with its typed ``args`` (``TfServerArgs``,
+        ``ChiefArgs``, ``Tf1TrainerArgs`` or ``ProbeTaskArgs``)."""
+        req = cpb.StartTaskRequest(task=cpb.TaskRef(job=job, index=index), program=program,
+                                   generation=generation, endpoint=endpoint,
+                                   memory_limit_bytes=memory_limit_bytes)
+        field = _ARGS_FIELD.get(type(args).__name__)
+        if field is None:
+            raise TypeError(f"args must be one of {sorted(_ARGS_FIELD)}, got {type(args)}")
+        getattr(req, field).CopyFrom(args)
+        return self._call("StartTask", req)
 
     def stop(self, job: str, index: int, kill: bool = False, grace_seconds: float = 10.0,
              generation: int = 0) -> cpb.TaskStatus:
@@ -60,3 +66,8 @@ class AgentClient:
 
     def close(self) -> None:
         self._channel.close()
+
+
+# typed arguments message -> its field in StartTaskRequest's ``args`` oneof
+_ARGS_FIELD = {f.message_type.name: f.name
+               for f in cpb.StartTaskRequest.DESCRIPTOR.oneofs_by_name["args"].fields}

@@ -31,28 +31,13 @@ from typing import Optional
 
 import psutil
 
+from antdt_tf.agent.programs import PathPolicy, command_for
 from antdt_tf.agent.throttle import CpuThrottle
 from antdt_tf.errors import (InvalidRequest, StaleGeneration, TaskAlreadyRunning,
                              UnknownTask)
 from antdt_tf.procutil import child_env
 from antdt_tf.proto import cluster_pb2 as cpb
 
-# The only programs an agent runs: it never executes arbitrary commands for a caller.
-PROGRAMS = {
-    "antdt-tf-server": "antdt_tf.tf.server",
-    "antdt-coordinator": "antdt_tf.tf.coordinator",
-    "antdt-keras-trainer": "antdt_tf.tf.keras_trainer",
-    "antdt-master": "antdt_tf.master",
-    # TF1 between-graph examples (antdt-launch --api=mts / --api=estimator)
-    "antdt-mts-worker": "estimator_examples.train_mts",
-    "antdt-estimator-task": "estimator_examples.train_estimator",
-    # a tiny task that serves a TCP port and exits on cue: checks that a host can run
-    # and expose a task (the backend conformance suite)
-    "antdt-probe-task": "antdt_tf.agent.probe_task",
-}
-# Programs that run under another interpreter when the agent is given one: tf.estimator
-# needs TF 2.15 (its own venv); everything else runs on the agent's own Python.
-ESTIMATOR_PROGRAMS = ("antdt-estimator-task",)
 JOBS = ("ps", "worker", "chief", "master")
 
 
@@ -82,7 +67,8 @@ class TaskSupervisor:
     task exits, so exits are reported at once, not at the next periodic report."""
 
     def __init__(self, log_dir: str | os.PathLike, on_change=None, poll_seconds: float = 0.1,
-                 estimator_python: str = ""):
+                 estimator_python: str = "", paths: Optional[PathPolicy] = None):
+        self.paths = paths or PathPolicy((os.path.abspath(log_dir),))
         self.estimator_python = estimator_python or sys.executable
         self.log_dir = pathlib.Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -113,12 +99,7 @@ class TaskSupervisor:
 
     def start(self, req: cpb.StartTaskRequest) -> cpb.TaskStatus:
         key = self._key(req.task)
-        module = PROGRAMS.get(req.program)
-        if module is None:
-            raise InvalidRequest(f"unknown program {req.program!r}; an agent runs only "
-                                 f"{sorted(PROGRAMS)}")
-        if any("\0" in a for a in req.args):
-            raise InvalidRequest("arguments must not contain NUL bytes")
+        command = command_for(req, self.paths)   # typed: the agent writes every flag
         if req.generation < 0 or req.memory_limit_bytes < 0:
             raise InvalidRequest("generation and memory_limit_bytes must be >= 0")
         with self._lock:
@@ -134,15 +115,17 @@ class TaskSupervisor:
                                          f"generation {old.generation}); stop it before "
                                          "starting it again")
             log_path = self.log_dir / f"{key[0]}{key[1]}.log"
-            env = dict(os.environ, **dict(req.env))
+            # the agent's own environment (its token and TLS files among it), never the
+            # caller's: a variable alone can make an interpreter run anything
+            env = dict(os.environ, **dict(command.env))
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            program = cpb.Program.Name(req.program)
             with open(log_path, "ab") as log:
                 log.write(f"\n=== start {time.strftime('%H:%M:%S')} generation "
-                          f"{req.generation} {req.program} {' '.join(req.args)}\n".encode())
+                          f"{req.generation} {program} {' '.join(command.argv)}\n".encode())
                 log.flush()
-                python = (self.estimator_python if req.program in ESTIMATOR_PROGRAMS
-                          else sys.executable)
-                proc = subprocess.Popen([python, "-m", module, *req.args],
+                python = self.estimator_python if command.estimator else sys.executable
+                proc = subprocess.Popen([python, "-m", command.module, *command.argv],
                                         env=child_env(env),
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                         start_new_session=True)

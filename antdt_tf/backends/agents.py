@@ -239,7 +239,7 @@ class AgentsBackend(ClusterBackend):
                 raise TaskAlreadyRunning(f"{known.name} still runs on {known.host}; stop it "
                                          f"before launching {spec.name}")
         status = self._agent_of(host).start(
-            spec.name.job, spec.name.index, spec.program, spec.args, env=dict(spec.env),
+            spec.name.job, spec.name.index, spec.program, spec.args,
             generation=spec.name.generation, endpoint=spec.endpoint,
             memory_limit_bytes=spec.memory_limit_bytes)
         info = self._info(host, status)

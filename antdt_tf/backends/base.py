@@ -99,13 +99,14 @@ class Placement:
         return (not self.pin_to or host == self.pin_to) and host not in self.avoid
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class TaskSpec:
-    """What to run: one of the agents' known programs with its flags."""
+    """What to run: one of the known programs (``cluster_pb2.Program``) with its typed
+    arguments (the message that goes with it, e.g. ``TfServerArgs``); the backend builds
+    the command line from them, nobody passes flags or environment variables."""
     name: TaskName
-    program: str
-    args: tuple = ()
-    env: tuple = ()                 # ((name, value), ...)
+    program: int
+    args: object                    # a cluster_pb2 *Args message
     endpoint: str = ""              # host:port it serves on (from ClusterBackend.endpoint)
     memory_limit_bytes: int = 0     # 0: none
 
@@ -114,8 +115,8 @@ class TaskSpec:
             raise ValueError("TaskSpec needs a program")
         if self.memory_limit_bytes < 0:
             raise ValueError("memory_limit_bytes must be >= 0")
-        if any(not isinstance(a, str) for a in self.args):
-            raise ValueError("TaskSpec args must be strings")
+        if not hasattr(self.args, "SerializeToString"):
+            raise ValueError("TaskSpec args must be the program's typed arguments message")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,10 +49,18 @@ class LoopbackAgentsBackend(AgentsBackend):
 
 class LocalBackend(LoopbackAgentsBackend):
     def __init__(self, num_hosts: int, workdir, estimator_python: str = "",
-                 master: str = "", host_timeout: float = 10.0, start_timeout: float = 60.0):
+                 master: str = "", host_timeout: float = 10.0, start_timeout: float = 60.0,
+                 job_roots: tuple = (), read_roots: tuple = (), network=None):
+        """``job_roots``: where tasks may write besides ``workdir`` (e.g. a checkpoint
+        directory elsewhere); ``read_roots``: where they may read data from;
+        ``network``: a PrivateNetwork the agents (and so their tasks) run in — then only
+        processes in it reach them, this object's own calls included."""
+        self.network = network
         if num_hosts < 1:
             raise ValueError(f"num_hosts must be >= 1, got {num_hosts}")
         self.workdir = pathlib.Path(workdir)
+        self._roots = [",".join(str(pathlib.Path(r).resolve()) for r in (workdir, *job_roots)),
+                       ",".join(str(pathlib.Path(r).resolve()) for r in read_roots)]
         self.procs: dict[str, subprocess.Popen] = {}
         addresses = []
         try:
@@ -72,9 +80,12 @@ class LocalBackend(LoopbackAgentsBackend):
         host_dir.mkdir(parents=True, exist_ok=True)
         args = [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name={name}",
                 "--port=0", f"--port_file={port_file}", f"--task_log_dir={host_dir}",
-                "--advertise=127.0.0.1", f"--estimator_python={estimator_python}"]
+                "--advertise=127.0.0.1", f"--estimator_python={estimator_python}",
+                f"--job_root={self._roots[0]}", f"--read_roots={self._roots[1]}"]
         if master:
             args.append(f"--master={master}")
+        if self.network is not None:
+            args = self.network.command(args)
         with open(host_dir / "agent.log", "ab") as out:
             proc = self.procs[name] = subprocess.Popen(
                 args, stdout=out, stderr=out, stdin=subprocess.DEVNULL,

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 
+from antdt_tf import limits
 from antdt_tf.agent.inject import Injection
-from antdt_tf.errors import InvalidRequest
+from antdt_tf.errors import InvalidRequest, shown
 
 EXIT_CLUSTER_UNAVAILABLE = 75   # the coordinator's "relaunch me" (see antdt_tf.tf.coordinator)
 
 
 TF1_APIS = ("mts", "estimator")
-TF1_PROGRAM = {"mts": "antdt-mts-worker", "estimator": "antdt-estimator-task"}
 SOURCE_ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
@@ -138,26 +139,79 @@ def to_proto(cfg: JobConfig):
     return spec
 
 
-def validate(values, workdir) -> None:
-    """InvalidRequest saying what is wrong with a job's values (a JobConfig or the
-    submitted JobSpec's fields), else nothing: the master refuses such a job, and
-    antdt-launch refuses it before it creates anything."""
-    get = values.get if isinstance(values, dict) else lambda name: getattr(values, name)
+# JobSpec's numbers: (lowest, highest) allowed; every double must be finite too
+_INT_RANGES = {
+    "num_ps": (1, limits.MAX_JOB_PS), "num_workers": (1, limits.MAX_JOB_WORKERS),
+    "max_workers": (0, limits.MAX_JOB_WORKERS), "num_hosts": (1, limits.MAX_JOB_HOSTS),
+    "epochs": (1, limits.MAX_EPOCHS), "batch_size": (1, limits.MAX_BATCH_SIZE),
+    "records_per_shard": (1, 2**31 - 1), "buckets": (1, limits.MAX_JOB_BUCKETS),
+    "checkpoint_every_shards": (0, 2**31 - 1), "max_restarts": (0, limits.MAX_RESTARTS),
+    "data_seed": (-2**31, 2**31 - 1)}
+_POSITIVE = ("learning_rate", "timeout_seconds")
+_STRING_LISTS = ("chief_addresses", "ps_addresses", "worker_addresses")
+
+
+def _check_ranges(spec) -> None:
+    """Every field of a JobSpec within its documented range (docs/security-master-input.md):
+    numbers finite and bounded, strings bounded and without NUL, lists bounded."""
+    for field in spec.DESCRIPTOR.fields:
+        name, value = field.name, getattr(spec, field.name)
+        if name in _INT_RANGES:
+            lo, hi = _INT_RANGES[name]
+            if value < lo:
+                raise InvalidRequest(f"JobSpec.{name} must be >= {lo}, got {value}")
+            if value > hi:
+                raise InvalidRequest(f"JobSpec.{name} must be <= {hi}, got {value}")
+        elif field.type == field.TYPE_DOUBLE:
+            if not (math.isfinite(value) and 0 <= value <= limits.MAX_SECONDS):
+                raise InvalidRequest(f"JobSpec.{name} must be a finite number in "
+                                     f"[0, {limits.MAX_SECONDS:g}], got {value}")
+            if name in _POSITIVE and not value > 0:
+                raise InvalidRequest(f"JobSpec.{name} must be > 0, got {value}")
+        elif field.type == field.TYPE_STRING:
+            values = list(value) if name in _STRING_LISTS else [value]
+            if len(values) > limits.MAX_JOB_WORKERS:
+                raise InvalidRequest(f"JobSpec.{name}: {len(values)} entries, at most "
+                                     f"{limits.MAX_JOB_WORKERS} allowed")
+            for v in values:
+                if len(v) > limits.MAX_STRING_CHARS or "\0" in v:
+                    raise InvalidRequest(f"JobSpec.{name} {shown(v)} is longer than "
+                                         f"{limits.MAX_STRING_CHARS} characters or holds "
+                                         "a NUL character")
+    if len(spec.injections) > limits.MAX_INJECTIONS:
+        raise InvalidRequest(f"JobSpec: {len(spec.injections)} injections, at most "
+                             f"{limits.MAX_INJECTIONS} allowed")
+    for i in spec.injections:
+        if i.kind not in ("kill", "slow", "scale") or i.job not in ("worker", "ps", "chief",
+                                                                     "master"):
+            raise InvalidRequest(f"JobSpec injection: kind {shown(i.kind)} / job "
+                                 f"{shown(i.job)} unknown (kill|slow|scale of "
+                                 "worker|ps|chief|master)")
+        if not 0 <= i.index <= limits.MAX_JOB_WORKERS:
+            raise InvalidRequest(f"JobSpec injection index must be in "
+                                 f"[0, {limits.MAX_JOB_WORKERS}], got {i.index}")
+        for name in ("at", "until", "factor"):
+            value = getattr(i, name)
+            if not (math.isfinite(value) and 0 <= value <= limits.MAX_SECONDS):
+                raise InvalidRequest(f"JobSpec injection {name} must be a finite number in "
+                                     f"[0, {limits.MAX_SECONDS:g}], got {value}")
+
+
+def check_spec(spec) -> None:
+    """InvalidRequest saying what is wrong with a JobSpec (its addresses aside), else
+    nothing: the master refuses such a job (:func:`from_proto`), and antdt-launch refuses
+    it before it creates anything (``to_proto`` of its provisional config)."""
     for name, allowed in _ENUMS.items():
-        if get(name) not in allowed:
-            raise InvalidRequest(f"JobSpec.{name} must be one of {allowed}, got {get(name)!r}")
-    for name in ("num_ps", "num_workers", "epochs", "batch_size", "records_per_shard",
-                 "buckets", "num_hosts"):
-        if get(name) < 1:
-            raise InvalidRequest(f"JobSpec.{name} must be >= 1, got {get(name)}")
-    if get("max_workers") and get("max_workers") < get("num_workers"):
+        if getattr(spec, name) not in allowed:
+            raise InvalidRequest(f"JobSpec.{name} must be one of {allowed}, got "
+                                 f"{shown(getattr(spec, name))}")
+    _check_ranges(spec)
+    if spec.max_workers and spec.max_workers < spec.num_workers:
         raise InvalidRequest("JobSpec.max_workers must be 0 or >= num_workers")
-    for name in ("learning_rate", "timeout_seconds"):
-        if not get(name) > 0:
-            raise InvalidRequest(f"JobSpec.{name} must be > 0, got {get(name)}")
-    if not workdir or not pathlib.Path(workdir).is_absolute():
-        raise InvalidRequest(f"JobSpec.workdir must be an absolute path, got {str(workdir)!r}")
-    if not get("data"):
+    if not spec.workdir or not pathlib.Path(spec.workdir).is_absolute():
+        raise InvalidRequest(f"JobSpec.workdir must be an absolute path, got "
+                             f"{shown(spec.workdir)}")
+    if not spec.data:
         raise InvalidRequest("JobSpec.data is empty")
 
 
@@ -167,7 +221,7 @@ def from_proto(spec) -> JobConfig:
     names = {f.name for f in dataclasses.fields(JobConfig)}
     kwargs = {f.name: getattr(spec, f.name) for f in spec.DESCRIPTOR.fields
               if f.name in names and f.name not in _SKIP}
-    validate(kwargs, workdir=spec.workdir)
+    check_spec(spec)
     injections = tuple(
         Injection(i.kind, i.job, i.index, i.at, i.until if i.has_until else None,
                   i.factor or 1.0, i.percent) for i in spec.injections)
@@ -180,6 +234,7 @@ def from_proto(spec) -> JobConfig:
         for job, n in want.items():
             if len(addresses[job]) != n or not all(":" in a for a in addresses[job]):
                 raise InvalidRequest(f"JobSpec: the local backend needs {n} host:port "
-                                     f"{job} address(es), got {addresses[job]}")
+                                     f"{job} address(es), got {len(addresses[job])}: "
+                                     f"{shown(addresses[job])}")
     return JobConfig(workdir=pathlib.Path(spec.workdir), injections=injections,
                      addresses=addresses, progress=False, **kwargs)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import signal
@@ -69,15 +70,32 @@ class _Follower:
 class EmbeddedMaster:
     """The ``antdt-master`` process of a local job, restarted on its state dir."""
 
-    def __init__(self, cfg: JobConfig, port: int):
-        self.cfg, self.port = cfg, port
+    def __init__(self, cfg: JobConfig, port: int, tf_rpc_port: int = 0, network=None):
+        """``network``: the job's PrivateNetwork the master runs in (None: the machine's
+        loopback); the launcher then reaches it over a Unix socket."""
+        self.cfg, self.port, self.tf_rpc_port = cfg, port, tf_rpc_port
+        self.network = network
         self.proc: Optional[subprocess.Popen] = None
         self.restarts = 0
         self.log_path = cfg.workdir / "master.log"
+        self.unix_socket = ""
+        if network is not None:
+            socket = cfg.workdir / "master.sock"
+            if len(str(socket)) > 100:      # sun_path holds 108 bytes
+                import tempfile
+
+                socket = pathlib.Path(tempfile.mkdtemp(prefix="antdt-")) / "master.sock"
+            self.unix_socket = str(socket)
 
     @property
     def address(self) -> str:
+        """Where the job's own processes (in its network) reach the master."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def client_address(self) -> str:
+        """Where this launcher reaches it."""
+        return f"unix:{self.unix_socket}" if self.unix_socket else self.address
 
     def start(self, timeout: float = 60.0) -> None:
         from antdt_tf.procutil import child_env, wait_for_port_file
@@ -85,15 +103,20 @@ class EmbeddedMaster:
         cfg = self.cfg
         port_file = cfg.workdir / "master.port"
         port_file.unlink(missing_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "antdt_tf.master", f"--port={self.port}",
+        argv = [sys.executable, "-m", "antdt_tf.master", f"--port={self.port}",
                  f"--port_file={port_file}", f"--state_dir={cfg.workdir / 'master'}",
                  f"--straggler_window_seconds={cfg.straggler_window_seconds}",
                  f"--straggler_slow_ratio={cfg.straggler_slow_ratio}",
                  f"--straggler_persistent_after_seconds="
-                 f"{cfg.straggler_persistent_after_seconds}"],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                 f"{cfg.straggler_persistent_after_seconds}",
+                 f"--tf_rpc_port={self.tf_rpc_port}", f"--unix_socket={self.unix_socket}"]
+        if ":" in cfg.policy:      # the user's own policy: this master may import it
+            argv.append(f"--policy_modules={cfg.policy.partition(':')[0]}")
+        if self.network is not None:
+            argv = self.network.command(argv)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
                 env=child_env())
         wait_for_port_file(self.proc, port_file, timeout, "antdt-master", self.log_path)
 
@@ -199,21 +222,65 @@ def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = Non
     return report
 
 
-def run_local(cfg: JobConfig) -> dict:
-    """The whole job on this machine: agents for the simulated hosts, the master, the job."""
+def run_local(cfg: JobConfig, secure: bool = True, isolate: bool = True) -> dict:
+    """The whole job on this machine: agents for the simulated hosts, the master, the job.
+    ``secure``: a fresh job token and a throw-away CA for this run (unless the caller's
+    environment has its own), so a local job is authenticated like one across hosts.
+    ``isolate``: the master, the agents and every TF task run in a private network
+    namespace where Linux allows it (``antdt_tf.backends.private_network``), so no port
+    of the job — TF's unauthenticated servers above all — is reachable from outside."""
+    from antdt_tf.backends import private_network
     from antdt_tf.backends.local import LocalBackend
     from antdt_tf.tf.local_cluster import free_ports
 
-    ports = free_ports(2 + cfg.num_ps + cfg.slots)
+    network = None
+    if isolate:
+        network, why = private_network.create()
+        if network is None:
+            print(f"antdt-launch: warning: the job's ports stay on this machine's loopback "
+                  f"(no private network namespace: {why})", file=sys.stderr)
+    # the same tf_rpc port after a master restart: the workers' graphs hold its address
+    ports = free_ports(3 + cfg.num_ps + cfg.slots)
     cfg.addresses = {"chief": [f"127.0.0.1:{ports[1]}"],
-                     "ps": [f"127.0.0.1:{p}" for p in ports[2:2 + cfg.num_ps]],
-                     "worker": [f"127.0.0.1:{p}" for p in ports[2 + cfg.num_ps:]]}
-    master = EmbeddedMaster(cfg, ports[0])
-    hosts = LocalBackend(cfg.num_hosts, cfg.workdir, estimator_python=cfg.estimator_python,
-                         master=master.address)
+                     "ps": [f"127.0.0.1:{p}" for p in ports[3:3 + cfg.num_ps]],
+                     "worker": [f"127.0.0.1:{p}" for p in ports[3 + cfg.num_ps:]]}
     try:
-        master.start()
-        return follow(cfg, master.address, embedded=master)
+        with (job_security(cfg.workdir / "tls") if secure else contextlib.nullcontext()):
+            master = EmbeddedMaster(cfg, ports[0], tf_rpc_port=ports[2], network=network)
+            data = {pathlib.Path(p).resolve().parent for p in (cfg.data, cfg.eval_data) if p}
+            hosts = LocalBackend(cfg.num_hosts, cfg.workdir,
+                                 estimator_python=cfg.estimator_python,
+                                 master=master.address, job_roots=(cfg.checkpoint_dir,),
+                                 read_roots=tuple(sorted(data)), network=network)
+            try:
+                master.start()
+                return follow(cfg, master.client_address, embedded=master)
+            finally:
+                master.stop()
+                hosts.shutdown()
     finally:
-        master.stop()
-        hosts.shutdown()
+        if network is not None:
+            network.close()
+
+
+@contextlib.contextmanager
+def job_security(tls_dir: pathlib.Path):
+    """A job token and a throw-away CA (in ``tls_dir``) in this process's environment,
+    which every process of the job inherits, while the job runs; what the environment
+    already has (the user's own token or certificates) is kept."""
+    import os
+    import secrets
+
+    saved = {k: os.environ.get(k) for k in (auth.TOKEN_ENV, *auth.TLS_ENV.values())}
+    try:
+        if not os.environ.get(auth.TOKEN_ENV):
+            os.environ[auth.TOKEN_ENV] = secrets.token_hex(32)
+        if auth.TlsFiles.from_env() is None:
+            auth.make_job_ca(tls_dir).export()
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -27,7 +27,7 @@ from antdt_tf.launcher.config import (EXIT_CLUSTER_UNAVAILABLE, JobConfig, place
                                       skips_refused_leases)
 from antdt_tf.launcher.progress import ProgressLine
 from antdt_tf.launcher.report import health_dict
-from antdt_tf.launcher.taskspecs import TaskContext, task_args, task_env
+from antdt_tf.launcher.taskspecs import TaskContext, task_args
 
 
 class JobRunner:
@@ -64,6 +64,9 @@ class JobRunner:
         self.startup_seconds = 0.0
         self.train_started_unix = 0.0
         self.restarts: dict[tuple[str, int], int] = {}
+        # restarts decided (and counted) whose launch may not have happened yet: the
+        # generation each will launch; a resumed runner launches what is missing
+        self.restarting: dict[tuple[str, int], int] = {}
         self.pending_faults: list[dict] = []  # failures waiting for training to resume
         self.coordinator_report_path = cfg.workdir / "coordinator_report.json"
         self._progress: Optional[ProgressLine] = None
@@ -152,14 +155,8 @@ class JobRunner:
         return TaskContext(self.cfg, self.spec, self.active_workers, self.master_address,
                            self.coordinator_report_path)
 
-    def _task_args(self, job: str, index: int) -> tuple[str, list[str]]:
-        return task_args(self._context(), job, index)
-
-    def _task_env(self, job: str, index: int) -> dict:
-        return task_env(self._context(), job, index)
-
     def start_task(self, job: str, index: int, host: Optional[int] = None,
-                   extra_args: tuple[str, ...] = (), standby: bool = False):
+                   standby_file: str = "", standby: bool = False):
         """Launches the task's next generation on its host (or ``host``). ``standby``:
         the current launch keeps running until the new one takes over its address."""
         from antdt_tf.backends import TaskName, TaskSpec
@@ -168,17 +165,16 @@ class JobRunner:
         endpoint = self.backend.endpoint(job, index, self.host_name(where))
         if job in self.spec and not standby:
             self.spec[job][index] = endpoint     # a task on another host: a new address
-        program, args = self._task_args(job, index)
-        if job in self.spec and standby and endpoint != self.spec[job][index]:
-            # a standby on another host's address: its own cluster entry says so
-            args = self._with_own_address(args, job, index, endpoint)
+        # a standby on another host's address: its own cluster entry says so
+        own = (endpoint if job in self.spec and standby and endpoint != self.spec[job][index]
+               else "")
+        program, args = task_args(self._context(), job, index, standby_file=standby_file,
+                                  own_endpoint=own)
         if job == "chief" and not self.cfg.tf1:
             self._publish_cluster()
         generation = self.issued.get((job, index), 0) + 1
         name = TaskName(job, index, generation)
-        spec = TaskSpec(name, program, tuple(args) + tuple(extra_args),
-                        env=tuple(sorted(self._task_env(job, index).items())),
-                        endpoint=endpoint)
+        spec = TaskSpec(name, program, args, endpoint=endpoint)
         self.issued[job, index] = generation
         info = self.backend.launch(spec, self.host_name(where), allow_overlap=standby)
         self.current[job, index] = name
@@ -193,13 +189,6 @@ class JobRunner:
         with MonitorClient(self.master_address, timeout=30) as monitor:
             monitor.set_job_cluster(self.cluster_version, dict(
                 self.spec, worker=self.spec["worker"][:self.active_workers]))
-
-    def _with_own_address(self, args: list[str], job: str, index: int,
-                          endpoint: str) -> list[str]:
-        spec = {k: list(v) for k, v in self.spec.items()}
-        spec[job][index] = endpoint
-        return [f"--cluster={json.dumps(spec)}" if a.startswith("--cluster=") else a
-                for a in args]
 
     def _register_dataset(self) -> None:
         from antdt_tf.sharding.client import ShardingClient
@@ -424,7 +413,7 @@ class JobRunner:
         old_launch = self.task_name(job, index)
         stable = self.backend.capabilities.stable_endpoints
         self.start_task(job, index, host=dst, standby=True,
-                        extra_args=(f"--standby_file={ready}",) if stable else ())
+                        standby_file=str(ready) if stable else "")
         old = [h.incarnation for h in status.health
                if h.task.job == job and h.task.index == index]
         self.actions.append(ActionRun(
@@ -465,7 +454,7 @@ class JobRunner:
         for i in range(self.active_workers, n):
             self.standby_count += 1
             ready.append(self.cfg.workdir / f"standby-worker{i}-{self.standby_count}")
-            self.start_task("worker", i, extra_args=(f"--standby_file={ready[-1]}",))
+            self.start_task("worker", i, standby_file=str(ready[-1]))
         act = ActionRun(action, ev["t"], time.monotonic(), from_workers=self.active_workers,
                         to_workers=n, ready_files=tuple(ready))
         self.actions.append(act)
@@ -657,6 +646,7 @@ class JobRunner:
             raise RuntimeError(f"{name} failed {n} times ({how}); giving up. Log: "
                                f"{status.log_path}")
         self.restarts[key] = n
+        self.restarting[key] = self.issued.get(key, 0) + 1
         ev = self._event(f"{name} {how}; restarting it (restart {n})", task=name,
                          failure=how)
         ev["records_before"] = self._records_done()
@@ -669,6 +659,7 @@ class JobRunner:
             self._event(f"{name} moves to {self.host_name(self.placement[key])}")
         address = self.spec[job][index] if job in self.spec else ""
         self.start_task(job, index)
+        self.restarting.pop(key, None)
         if (job == "worker" and index < self.active_workers and not self.cfg.tf1
                 and self.spec[job][index] != address):
             # TF re-joins a worker only at its old address: the chief comes back with
@@ -820,6 +811,7 @@ class JobRunner:
     def saved_state(self) -> dict:
         """What a runner of this job needs to carry on after a master restart (JSON)."""
         return {"restarts": [[j, i, n] for (j, i), n in self.restarts.items()],
+                "restarting": [[j, i, g] for (j, i), g in self.restarting.items()],
                 "events": [{k: v for k, v in e.items() if k != "records_before"}
                            for e in self.events],
                 "actions": [a.report() for a in self.actions if not a.pending],
@@ -874,6 +866,12 @@ class JobRunner:
         for key in [k for k in self.placement if k not in self.current
                     and not (k[0] == "worker" and k[1] >= self.active_workers)]:
             self.start_task(*key)          # never launched before the restart
+        for j, i, generation in saved.get("restarting", []):
+            if (j, i) in self.placement and self.issued.get((j, i), 0) < generation:
+                # the previous master counted this restart but died before launching it
+                self.start_task(j, i)
+                self._event(f"resume: launched the restart of {j}:{i} the previous master "
+                            "had begun")
         self._event(f"resumed after a master restart: adopted {', '.join(adopted) or 'nothing'}")
         chief = self.current.get(("chief", 0))
         if (chief is not None and not self.cfg.tf1 and published.version

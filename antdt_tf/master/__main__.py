@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pathlib
 import signal
 import sys
 
@@ -78,6 +79,16 @@ flags.DEFINE_integer("max_shard_failures", 3, "A shard that failed (FAILED, expi
                      "holder died) this often in one epoch is set aside as poisoned.")
 flags.DEFINE_float("grace_seconds", 5.0, "Drain time for in-flight calls on SIGTERM.")
 auth.define_server_flags("controls the job")
+flags.DEFINE_list("policy_modules", [], "Modules a submitted job may take its Controller "
+                  "policy from (module:Class): loading one imports it into this master. "
+                  "Presets need none.")
+flags.DEFINE_string("unix_socket", "", "Also serve on this Unix socket (same token and "
+                    "TLS): how a launcher outside the job's private network namespace "
+                    "reaches the master.")
+flags.DEFINE_integer("tf_rpc_port", 0, "With TLS: the plaintext port of the workers' "
+                     "TensorFlow RPC data path (TF's RPC ops speak no TLS); 0: the one this "
+                     "master used before (kept in --state_dir), else any free port. Keep it "
+                     "inside the job's private network.")
 flags.DEFINE_float("tick_seconds", 0.5, "How often leases are checked for expiry and the "
                    "journal synced.")
 
@@ -126,16 +137,31 @@ def _write_port_file(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
-async def _serve(servicer: ShardingServicer, token: str, view, jobs) -> None:
+def _kept_tf_rpc_port() -> int:
+    """The TF-RPC port this master served on before a restart (its state dir keeps it):
+    the workers' graphs hold that address, so a restarted master serves there again."""
+    if not FLAGS.state_dir:
+        return 0
+    try:
+        return int(pathlib.Path(FLAGS.state_dir, "tf_rpc.port").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+async def _serve(servicer: ShardingServicer, token: str, tls, view, jobs) -> None:
     from antdt_tf.monitor.service import ClusterMonitorServicer
 
     server = MasterServer(servicer, bind=FLAGS.bind, port=FLAGS.port,
                           tick_seconds=FLAGS.tick_seconds, token=token,
-                          monitor=ClusterMonitorServicer(view), job_control=jobs)
+                          monitor=ClusterMonitorServicer(view), job_control=jobs, tls=tls,
+                          tf_rpc_port=FLAGS.tf_rpc_port or _kept_tf_rpc_port(),
+                          advertise=FLAGS.advertise, unix_socket=FLAGS.unix_socket)
     try:
         await server.start()
     except (OSError, RuntimeError) as e:     # lost a race for the port since the check
-        raise exitcodes.CannotServe(f"cannot bind {FLAGS.bind}:{FLAGS.port}: {e}") from e
+        raise exitcodes.CannotServe(f"cannot serve on {FLAGS.bind}:{FLAGS.port}: {e}") from e
+    if tls is not None and FLAGS.state_dir:
+        _write_port_file(os.path.join(FLAGS.state_dir, "tf_rpc.port"), server.tf_rpc_port)
     log.info("[master] serving antdt.v1.ShardingService on %s (pid %d)", server.address, os.getpid())
     jobs.master_address = f"{_advertised_host()}:{server.port}"
     jobs.start()      # a job that was running when this master stopped carries on
@@ -170,13 +196,14 @@ def main(argv):
     if FLAGS.tick_seconds <= 0 or FLAGS.grace_seconds < 0:
         raise app.UsageError("--tick_seconds must be > 0 and --grace_seconds >= 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    token = auth.server_token(FLAGS.bind, "antdt-master")
+    token, tls = auth.server_security(FLAGS.bind, "antdt-master")
     state = ShardState(_lease_config())
     _straggler_config()   # bad flags fail here, before anything is opened
     # the address and the state dir are checked before anything is created or opened
-    if FLAGS.port_file and (problem := exitcodes.output_file_problem(FLAGS.port_file,
-                                                                      "--port_file")):
-        return exitcodes.error(PROGRAM, problem)
+    for flag in ("port_file", "unix_socket"):
+        path = getattr(FLAGS, flag)
+        if path and (problem := exitcodes.output_file_problem(path, f"--{flag}")):
+            return exitcodes.error(PROGRAM, problem)
     try:
         exitcodes.check_bindable(FLAGS.bind, FLAGS.port)
     except ValueError as e:
@@ -212,12 +239,12 @@ def main(argv):
     from antdt_tf.master.job_control import JobControl
 
     try:
-        jobs = JobControl(FLAGS.state_dir)
+        jobs = JobControl(FLAGS.state_dir, policy_modules=tuple(FLAGS.policy_modules))
     except CorruptState as e:
         print(f"antdt-master: error: {e}", file=sys.stderr)
         return exitcodes.BAD_STATE
     try:
-        _run_event_loop(_serve(ShardingServicer(state, store), token, view, jobs))
+        _run_event_loop(_serve(ShardingServicer(state, store), token, tls, view, jobs))
     except exitcodes.CannotServe as e:
         return exitcodes.error(PROGRAM, e, exitcodes.CANNOT_SERVE)
     return exitcodes.OK

@@ -27,7 +27,7 @@ from typing import Optional
 
 from google.protobuf.message import DecodeError
 
-from antdt_tf.errors import CorruptState, DataError, InvalidRequest, JobConflict
+from antdt_tf.errors import CorruptState, DataError, InvalidRequest, JobConflict, bounded, shown
 from antdt_tf.proto import job_pb2 as jpb
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,13 @@ SERVICE_NAME = "antdt.v1.JobService"
 
 
 class JobControl:
-    def __init__(self, state_dir: str = "", master_address: str = ""):
+    def __init__(self, state_dir: str = "", master_address: str = "",
+                 policy_modules: tuple = ()):
+        """``policy_modules``: the modules a submitted job may name a policy from
+        (``module:Class``); loading one imports it into this master, so its operator
+        allows them (``antdt-master --policy_modules``). Presets are always allowed."""
         self.dir = pathlib.Path(state_dir) if state_dir else None
+        self.policy_modules = tuple(policy_modules)
         self.master_address = master_address   # set once the server is bound
         self._lock = threading.Lock()
         self.spec: Optional[jpb.JobSpec] = None
@@ -141,19 +146,33 @@ class JobControl:
         from antdt_tf.launcher.config import from_proto
 
         cfg = from_proto(req.spec)            # InvalidRequest: nothing starts
+        module = cfg.policy.partition(":")[0] if ":" in cfg.policy else ""
+        if module and module not in self.policy_modules:
+            raise InvalidRequest(
+                f"JobSpec.policy {shown(cfg.policy)}: this master imports user policies only "
+                "from the modules its operator allowed (antdt-master --policy_modules="
+                f"{','.join(self.policy_modules) or '<none>'}); or use a preset")
         with self._lock:
             if self.spec is not None:
                 if self.spec == req.spec:
                     return self._status(len(self.events))    # a retried submit
                 raise JobConflict("this master runs another job; start a master with its "
                                   "own state dir for a new one")
+        for name in ("data", "eval_data"):
+            path = getattr(cfg, name)
+            if not path:
+                continue
+            try:
+                RecordFile(path)
+            except (DataError, OSError, ValueError) as e:
+                # the path is quoted once, cut (shown), not in full by the reason
+                reason = str(e).replace(path, "it") if path else str(e)
+                raise InvalidRequest(bounded(f"JobSpec.{name} {shown(path)}: {reason}")) from e
         try:
-            RecordFile(cfg.data)
-            if cfg.eval_data:
-                RecordFile(cfg.eval_data)
-        except (DataError, OSError) as e:
-            raise InvalidRequest(f"JobSpec.data: {e}") from e
-        cfg.workdir.mkdir(parents=True, exist_ok=True)
+            cfg.workdir.mkdir(parents=True, exist_ok=True)
+        except (OSError, ValueError) as e:
+            raise InvalidRequest(f"JobSpec.workdir {shown(str(cfg.workdir))} cannot be "
+                                 f"created: {type(e).__name__}") from e
         with self._lock:
             self._write("job.pb", req.spec.SerializeToString())
             self.spec = jpb.JobSpec()

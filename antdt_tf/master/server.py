@@ -4,14 +4,16 @@ TF-RPC data path and the health service, composed in one place."""
 from __future__ import annotations
 
 import asyncio
+import pathlib
 from typing import Callable, Optional
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from antdt_tf.auth import server_interceptors
+from antdt_tf.auth import TlsFiles, add_port, server_interceptors
 from antdt_tf.monitor.service import ClusterMonitorServicer
 from antdt_tf.monitor.view import ClusterView
+from antdt_tf.proto import cluster_pb2 as cpb
 from antdt_tf.rpc import SERVER_OPTIONS
 from antdt_tf.sharding.service import SERVICE_NAME, ShardingServicer, generic_handler
 from antdt_tf.sharding.tf_rpc import TfRpcServicer
@@ -22,7 +24,13 @@ class MasterServer:
 
     def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
                  tick_seconds: float = 0.5, monitor=None, token: str = "",
-                 job_control=None):
+                 job_control=None, tls: Optional[TlsFiles] = None, tf_rpc_port: int = 0,
+                 advertise: str = "", unix_socket: str = ""):
+        """``tls``: the main port requires mutual TLS; TensorFlow's RPC ops (no TLS) then
+        get a plaintext port of their own (``tf_rpc_port``, 0: any free one), reported
+        by GetMasterInfo at ``advertise`` (default: the bind address). ``unix_socket``:
+        also serve there (same security), for a client outside the job's network
+        namespace (the local launcher)."""
         self.servicer = servicer
         self.monitor = monitor if monitor is not None else ClusterMonitorServicer(ClusterView())
         self.tf_rpc = TfRpcServicer(servicer, on_step=self.monitor.view.observe_step,
@@ -32,8 +40,14 @@ class MasterServer:
         self.tick_seconds = tick_seconds
         self.token = token      # the job's token: every call but health checks needs it
         self.job_control = job_control      # antdt.v1.JobService (None: not served)
+        self.tls = tls
+        self.unix_socket = unix_socket
+        self.requested_tf_rpc_port = tf_rpc_port
+        self.advertise = advertise
         self.port: Optional[int] = None
+        self.tf_rpc_port: Optional[int] = None
         self._server: Optional[grpc.aio.Server] = None
+        self._tf_rpc_server: Optional[grpc.aio.Server] = None
         self._health = health.aio.HealthServicer()
         self._ticker: Optional[asyncio.Task] = None
 
@@ -52,9 +66,30 @@ class MasterServer:
             self._server.add_generic_rpc_handlers((self.job_control.generic_handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         host = f"[{self.bind}]" if ":" in self.bind else self.bind
-        self.port = self._server.add_insecure_port(f"{host}:{self.requested_port}")
+        self.port = add_port(self._server, f"{host}:{self.requested_port}", self.tls)
         if not self.port:
             raise OSError(f"cannot bind {host}:{self.requested_port}")
+        if self.unix_socket:
+            pathlib.Path(self.unix_socket).unlink(missing_ok=True)   # a dead master's
+            if not add_port(self._server, f"unix:{self.unix_socket}", self.tls):
+                raise OSError(f"cannot serve on the Unix socket {self.unix_socket}")
+        self.tf_rpc_port = self.port
+        if self.tls is not None:
+            # TF's RPC ops speak no TLS: their service alone, in plaintext, on a port of
+            # the job's private network (its calls carry the token as an argument)
+            self._tf_rpc_server = grpc.aio.server(options=SERVER_OPTIONS)
+            self._tf_rpc_server.add_generic_rpc_handlers((self.tf_rpc.generic_handler(),))
+            self.tf_rpc_port = self._tf_rpc_server.add_insecure_port(
+                f"{host}:{self.requested_tf_rpc_port}")
+            if not self.tf_rpc_port:
+                raise OSError(f"cannot bind {host}:{self.requested_tf_rpc_port} (TF-RPC)")
+            await self._tf_rpc_server.start()
+        advertised = self.advertise or self.bind
+        if advertised in ("0.0.0.0", "::"):
+            advertised = "127.0.0.1"
+        advertised = f"[{advertised}]" if ":" in advertised else advertised
+        self.monitor.master_info = cpb.MasterInfo(
+            tf_rpc_address=f"{advertised}:{self.tf_rpc_port}", tls=self.tls is not None)
         await self._server.start()
         for name in ("", SERVICE_NAME, self.monitor.SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -75,6 +110,9 @@ class MasterServer:
         if self._server is None:
             return
         await self._health.enter_graceful_shutdown()
+        if self._tf_rpc_server is not None:
+            await self._tf_rpc_server.stop(grace)
+            self._tf_rpc_server = None
         await self._server.stop(grace)
         if self._ticker is not None:
             self._ticker.cancel()
@@ -93,12 +131,13 @@ class BackgroundMaster:
 
     def __init__(self, servicer: ShardingServicer, bind: str = "127.0.0.1", port: int = 0,
                  tick_seconds: float = 0.5, monitor=None, token: str = "",
-                 job_control=None):
+                 job_control=None, tls: Optional[TlsFiles] = None):
         import threading
 
         self._loop = asyncio.new_event_loop()
         self.server = MasterServer(servicer, bind=bind, port=port, tick_seconds=tick_seconds,
-                                   monitor=monitor, token=token, job_control=job_control)
+                                   monitor=monitor, token=token, job_control=job_control,
+                                   tls=tls)
         self._thread = threading.Thread(target=self._loop.run_forever, name="antdt-master",
                                         daemon=True)
 

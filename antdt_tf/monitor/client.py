@@ -64,6 +64,9 @@ class MonitorClient:
     def job_cluster(self) -> cpb.JobCluster:
         return self._call("GetJobCluster", cpb.GetJobClusterRequest(), wait=True)
 
+    def master_info(self) -> cpb.MasterInfo:
+        return self._call("GetMasterInfo", cpb.GetMasterInfoRequest(), wait=True)
+
     def status(self) -> cpb.ClusterStatus:
         return self._call("GetClusterStatus", cpb.ClusterStatusRequest(), wait=True)
 

@@ -13,6 +13,7 @@ class ClusterMonitorServicer:
     SERVICE_NAME = "antdt.v1.ClusterMonitor"
 
     def __init__(self, view: ClusterView):
+        self.master_info = cpb.MasterInfo()     # filled in by the master once it serves
         self.view = view
 
     def ReportAgent(self, req: cpb.AgentReport) -> cpb.ReportAck:
@@ -29,6 +30,9 @@ class ClusterMonitorServicer:
 
     def GetJobCluster(self, req: cpb.GetJobClusterRequest) -> cpb.JobCluster:
         return self.view.job_cluster()
+
+    def GetMasterInfo(self, req: cpb.GetMasterInfoRequest) -> cpb.MasterInfo:
+        return self.master_info
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         service = cpb.DESCRIPTOR.services_by_name["ClusterMonitor"]

@@ -12,12 +12,14 @@ every worker's step reports into it, the trainer's reports bring the PS probe la
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
 from google.protobuf.message import DecodeError
 
-from antdt_tf.errors import CorruptState, InvalidRequest
+from antdt_tf import limits
+from antdt_tf.errors import CorruptState, InvalidRequest, shown
 from antdt_tf.monitor.straggler import (DETERMINISTIC, NORMAL, PERSISTENT, TRANSIENT,
                                         StragglerClassifier, StragglerConfig)
 from antdt_tf.proto import cluster_pb2 as cpb
@@ -30,9 +32,34 @@ KNOWN_JOBS = ("ps", "worker", "chief", "master")
 
 def _check_task(ref: cpb.TaskRef) -> None:
     if ref.job not in KNOWN_JOBS:
-        raise InvalidRequest(f"unknown job {ref.job!r}; expected one of {KNOWN_JOBS}")
-    if ref.index < 0:
-        raise InvalidRequest(f"task index must be >= 0, got {ref.index}")
+        raise InvalidRequest(f"unknown job {shown(ref.job)}; expected one of {KNOWN_JOBS}")
+    if not 0 <= ref.index <= limits.MAX_TASK_INDEX:
+        raise InvalidRequest(f"task index must be in [0, {limits.MAX_TASK_INDEX}], "
+                             f"got {ref.index}")
+
+
+def _check_size(msg, limit: int, what: str) -> None:
+    if msg.ByteSize() > limit:
+        raise InvalidRequest(f"{what} takes {msg.ByteSize()} bytes, at most {limit} allowed")
+
+
+def _check_text(value: str, limit: int, what: str) -> None:
+    if len(value) > limit or "\0" in value:
+        raise InvalidRequest(f"{what} {shown(value)} is longer than {limit} characters "
+                             "or holds a NUL character")
+
+
+def _check_numbers(msg, what: str) -> None:
+    """Every double of ``msg`` (not nested) is finite."""
+    for field, value in msg.ListFields():
+        if field.type == field.TYPE_DOUBLE and not math.isfinite(value):
+            raise InvalidRequest(f"{what}.{field.name} must be a finite number, got {value}")
+
+
+def _check_address(address: str, what: str) -> None:
+    _check_text(address, limits.MAX_ADDRESS_CHARS, what)
+    if ":" not in address:
+        raise InvalidRequest(f"{what} {shown(address)} is not host:port")
 
 
 class ClusterView:
@@ -63,10 +90,30 @@ class ClusterView:
     def report_agent(self, report: cpb.AgentReport) -> bool:
         if not report.host:
             raise InvalidRequest("AgentReport.host is empty")
+        _check_size(report, limits.MAX_AGENT_REPORT_BYTES, "the AgentReport")
+        _check_text(report.host, limits.MAX_HOST_CHARS, "AgentReport.host")
+        _check_text(report.agent_address, limits.MAX_ADDRESS_CHARS, "AgentReport.agent_address")
+        _check_text(report.advertise, limits.MAX_HOST_CHARS, "AgentReport.advertise")
         if report.seq < 1:
             raise InvalidRequest(f"AgentReport.seq must be >= 1, got {report.seq}")
+        _check_numbers(report, "AgentReport")
+        if report.load_per_cpu < 0:
+            raise InvalidRequest(f"AgentReport.load_per_cpu must be >= 0, got "
+                                 f"{report.load_per_cpu}")
+        if not (0 <= report.first_task_port <= 65535 and 0 <= report.last_task_port <= 65535):
+            raise InvalidRequest("AgentReport task ports must be in [0, 65535]")
         for status in report.tasks:
             _check_task(status.task)
+            _check_numbers(status, "TaskStatus")
+        if report.host not in self._agents:
+            if len(self._agents) >= limits.MAX_AGENTS:
+                raise InvalidRequest(f"reports of {len(self._agents)} hosts are kept already, "
+                                     f"at most {limits.MAX_AGENTS}; host {shown(report.host)} "
+                                     "is refused")
+        kept_bytes = sum(r.ByteSize() for h, r in self._agents.items() if h != report.host)
+        if kept_bytes + report.ByteSize() > limits.MAX_AGENT_REPORTS_BYTES:
+            raise InvalidRequest(f"the agents' reports would take more than "
+                                 f"{limits.MAX_AGENT_REPORTS_BYTES} bytes")
         last = self._agents.get(report.host)
         if (last is not None and last.agent_address == report.agent_address
                 and report.seq <= last.seq):
@@ -79,12 +126,21 @@ class ClusterView:
 
     def report_trainer(self, report: cpb.TrainerReport) -> bool:
         _check_task(report.task)
+        _check_size(report, limits.MAX_TRAINER_REPORT_BYTES, "the TrainerReport")
+        _check_numbers(report, "TrainerReport")
         if report.seq < 1:
             raise InvalidRequest(f"TrainerReport.seq must be >= 1, got {report.seq}")
-        if any(w.worker < 0 or w.shards < 0 or w.records < 0 for w in report.workers):
-            raise InvalidRequest("WorkerStats must be non-negative")
-        if any(p.ps < 0 or not p.latency_ms >= 0 for p in report.ps_latency):
-            raise InvalidRequest("PsLatency must have ps >= 0 and latency_ms >= 0")
+        if report.incarnation < 0:
+            raise InvalidRequest(f"TrainerReport.incarnation must be >= 0, got "
+                                 f"{report.incarnation}")
+        if any(not 0 <= w.worker <= limits.MAX_TASK_INDEX or w.shards < 0 or w.records < 0
+               for w in report.workers):
+            raise InvalidRequest(f"WorkerStats must be non-negative (worker at most "
+                                 f"{limits.MAX_TASK_INDEX})")
+        if any(not 0 <= p.ps <= limits.MAX_PS or not 0 <= p.latency_ms < math.inf
+               for p in report.ps_latency):
+            raise InvalidRequest(f"PsLatency must have ps in [0, {limits.MAX_PS}] and a "
+                                 "finite latency_ms >= 0")
         last = self._trainer
         if last is not None:
             if report.incarnation < last.incarnation:
@@ -102,12 +158,18 @@ class ClusterView:
         return True
 
     def set_job_cluster(self, cluster: cpb.JobCluster) -> cpb.JobCluster:
-        if cluster.version < 1:
-            raise InvalidRequest(f"JobCluster.version must be >= 1, got {cluster.version}")
+        if not 1 <= cluster.version <= limits.MAX_COUNTER:
+            raise InvalidRequest(f"JobCluster.version must be in [1, {limits.MAX_COUNTER}], "
+                                 f"got {cluster.version}")
         if not cluster.chief or not cluster.ps or not cluster.worker:
             raise InvalidRequest("JobCluster needs chief, ps and worker addresses")
-        if any(not a or ":" not in a for a in (*cluster.chief, *cluster.ps, *cluster.worker)):
-            raise InvalidRequest("every JobCluster address must be host:port")
+        for job in ("chief", "ps", "worker"):
+            addresses = getattr(cluster, job)
+            if len(addresses) > limits.MAX_CLUSTER_TASKS:
+                raise InvalidRequest(f"JobCluster.{job}: {len(addresses)} addresses, at most "
+                                     f"{limits.MAX_CLUSTER_TASKS} allowed")
+            for a in addresses:
+                _check_address(a, f"JobCluster.{job} address")
         if cluster.version <= self._cluster.version:
             return self._cluster            # stale: the one in force
         if self._cluster_file:

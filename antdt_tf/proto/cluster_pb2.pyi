@@ -7,6 +7,23 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Program(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROGRAM_UNSPECIFIED: _ClassVar[Program]
+    TF_SERVER: _ClassVar[Program]
+    PSS_CHIEF: _ClassVar[Program]
+    KERAS_CHIEF: _ClassVar[Program]
+    MTS_TRAINER: _ClassVar[Program]
+    ESTIMATOR_TRAINER: _ClassVar[Program]
+    PROBE_TASK: _ClassVar[Program]
+PROGRAM_UNSPECIFIED: Program
+TF_SERVER: Program
+PSS_CHIEF: Program
+KERAS_CHIEF: Program
+MTS_TRAINER: Program
+ESTIMATOR_TRAINER: Program
+PROBE_TASK: Program
+
 class TaskRef(_message.Message):
     __slots__ = ("job", "index")
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -59,30 +76,141 @@ class TaskStatus(_message.Message):
     out_of_memory: bool
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., state: _Optional[_Union[TaskStatus.State, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., starts: _Optional[int] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., slowdown: _Optional[float] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., log_path: _Optional[str] = ..., cpu_share: _Optional[float] = ..., generation: _Optional[int] = ..., endpoint: _Optional[str] = ..., out_of_memory: bool = ...) -> None: ...
 
-class StartTaskRequest(_message.Message):
-    __slots__ = ("task", "program", "args", "env", "generation", "endpoint", "memory_limit_bytes")
-    class EnvEntry(_message.Message):
+class ClusterAddresses(_message.Message):
+    __slots__ = ("jobs",)
+    class Addresses(_message.Message):
+        __slots__ = ("address",)
+        ADDRESS_FIELD_NUMBER: _ClassVar[int]
+        address: _containers.RepeatedScalarFieldContainer[str]
+        def __init__(self, address: _Optional[_Iterable[str]] = ...) -> None: ...
+    class JobsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+        value: ClusterAddresses.Addresses
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ClusterAddresses.Addresses, _Mapping]] = ...) -> None: ...
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.MessageMap[str, ClusterAddresses.Addresses]
+    def __init__(self, jobs: _Optional[_Mapping[str, ClusterAddresses.Addresses]] = ...) -> None: ...
+
+class TfServerArgs(_message.Message):
+    __slots__ = ("cluster", "job", "index", "standby_file")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FILE_FIELD_NUMBER: _ClassVar[int]
+    cluster: ClusterAddresses
+    job: str
+    index: int
+    standby_file: str
+    def __init__(self, cluster: _Optional[_Union[ClusterAddresses, _Mapping]] = ..., job: _Optional[str] = ..., index: _Optional[int] = ..., standby_file: _Optional[str] = ...) -> None: ...
+
+class ChiefArgs(_message.Message):
+    __slots__ = ("master", "dataset", "batch_size", "buckets", "learning_rate", "report_json", "checkpoint_dir", "checkpoint_every_seconds", "checkpoint_every_shards", "data_path", "tensorboard_dir", "worker_slots", "mode", "eval_data", "audit")
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_PATH_FIELD_NUMBER: _ClassVar[int]
+    TENSORBOARD_DIR_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    EVAL_DATA_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_FIELD_NUMBER: _ClassVar[int]
+    master: str
+    dataset: str
+    batch_size: int
+    buckets: int
+    learning_rate: float
+    report_json: str
+    checkpoint_dir: str
+    checkpoint_every_seconds: float
+    checkpoint_every_shards: int
+    data_path: str
+    tensorboard_dir: str
+    worker_slots: int
+    mode: str
+    eval_data: str
+    audit: bool
+    def __init__(self, master: _Optional[str] = ..., dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., buckets: _Optional[int] = ..., learning_rate: _Optional[float] = ..., report_json: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every_seconds: _Optional[float] = ..., checkpoint_every_shards: _Optional[int] = ..., data_path: _Optional[str] = ..., tensorboard_dir: _Optional[str] = ..., worker_slots: _Optional[int] = ..., mode: _Optional[str] = ..., eval_data: _Optional[str] = ..., audit: bool = ...) -> None: ...
+
+class Tf1TrainerArgs(_message.Message):
+    __slots__ = ("cluster", "task_index", "job", "checkpoint_dir", "master", "dataset", "data", "batch_size", "buckets", "learning_rate", "save_secs", "report_json", "audit", "eval_data", "register", "standby_file")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    SAVE_SECS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_FIELD_NUMBER: _ClassVar[int]
+    EVAL_DATA_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FILE_FIELD_NUMBER: _ClassVar[int]
+    cluster: ClusterAddresses
+    task_index: int
+    job: str
+    checkpoint_dir: str
+    master: str
+    dataset: str
+    data: str
+    batch_size: int
+    buckets: int
+    learning_rate: float
+    save_secs: int
+    report_json: str
+    audit: bool
+    eval_data: str
+    register: bool
+    standby_file: str
+    def __init__(self, cluster: _Optional[_Union[ClusterAddresses, _Mapping]] = ..., task_index: _Optional[int] = ..., job: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., master: _Optional[str] = ..., dataset: _Optional[str] = ..., data: _Optional[str] = ..., batch_size: _Optional[int] = ..., buckets: _Optional[int] = ..., learning_rate: _Optional[float] = ..., save_secs: _Optional[int] = ..., report_json: _Optional[str] = ..., audit: bool = ..., eval_data: _Optional[str] = ..., register: bool = ..., standby_file: _Optional[str] = ...) -> None: ...
+
+class ProbeTaskArgs(_message.Message):
+    __slots__ = ("endpoint", "name", "exit_after_seconds", "exit_code", "allocate_mb")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    EXIT_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATE_MB_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    name: str
+    exit_after_seconds: float
+    exit_code: int
+    allocate_mb: int
+    def __init__(self, endpoint: _Optional[str] = ..., name: _Optional[str] = ..., exit_after_seconds: _Optional[float] = ..., exit_code: _Optional[int] = ..., allocate_mb: _Optional[int] = ...) -> None: ...
+
+class StartTaskRequest(_message.Message):
+    __slots__ = ("task", "program", "tf_server", "chief", "tf1_trainer", "probe", "generation", "endpoint", "memory_limit_bytes")
     TASK_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
-    ARGS_FIELD_NUMBER: _ClassVar[int]
-    ENV_FIELD_NUMBER: _ClassVar[int]
+    TF_SERVER_FIELD_NUMBER: _ClassVar[int]
+    CHIEF_FIELD_NUMBER: _ClassVar[int]
+    TF1_TRAINER_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     task: TaskRef
-    program: str
-    args: _containers.RepeatedScalarFieldContainer[str]
-    env: _containers.ScalarMap[str, str]
+    program: Program
+    tf_server: TfServerArgs
+    chief: ChiefArgs
+    tf1_trainer: Tf1TrainerArgs
+    probe: ProbeTaskArgs
     generation: int
     endpoint: str
     memory_limit_bytes: int
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., program: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., generation: _Optional[int] = ..., endpoint: _Optional[str] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., program: _Optional[_Union[Program, str]] = ..., tf_server: _Optional[_Union[TfServerArgs, _Mapping]] = ..., chief: _Optional[_Union[ChiefArgs, _Mapping]] = ..., tf1_trainer: _Optional[_Union[Tf1TrainerArgs, _Mapping]] = ..., probe: _Optional[_Union[ProbeTaskArgs, _Mapping]] = ..., generation: _Optional[int] = ..., endpoint: _Optional[str] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class StopTaskRequest(_message.Message):
     __slots__ = ("task", "kill", "grace_seconds", "generation")
@@ -207,6 +335,18 @@ class JobCluster(_message.Message):
 class GetJobClusterRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GetMasterInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MasterInfo(_message.Message):
+    __slots__ = ("tf_rpc_address", "tls")
+    TF_RPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    tf_rpc_address: str
+    tls: bool
+    def __init__(self, tf_rpc_address: _Optional[str] = ..., tls: bool = ...) -> None: ...
 
 class TaskHealth(_message.Message):
     __slots__ = ("task", "straggler_class", "slowness", "step_seconds", "records_per_second", "latency_ms", "slow_since_unix", "samples", "incarnation")

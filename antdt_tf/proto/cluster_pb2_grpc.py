@@ -200,6 +200,11 @@ class ClusterMonitorStub(object):
                 request_serializer=antdt_dot_v1_dot_cluster__pb2.GetJobClusterRequest.SerializeToString,
                 response_deserializer=antdt_dot_v1_dot_cluster__pb2.JobCluster.FromString,
                 )
+        self.GetMasterInfo = channel.unary_unary(
+                '/antdt.v1.ClusterMonitor/GetMasterInfo',
+                request_serializer=antdt_dot_v1_dot_cluster__pb2.GetMasterInfoRequest.SerializeToString,
+                response_deserializer=antdt_dot_v1_dot_cluster__pb2.MasterInfo.FromString,
+                )
 
 
 class ClusterMonitorServicer(object):
@@ -235,6 +240,12 @@ class ClusterMonitorServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMasterInfo(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterMonitorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -262,6 +273,11 @@ def add_ClusterMonitorServicer_to_server(servicer, server):
                     servicer.GetJobCluster,
                     request_deserializer=antdt_dot_v1_dot_cluster__pb2.GetJobClusterRequest.FromString,
                     response_serializer=antdt_dot_v1_dot_cluster__pb2.JobCluster.SerializeToString,
+            ),
+            'GetMasterInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMasterInfo,
+                    request_deserializer=antdt_dot_v1_dot_cluster__pb2.GetMasterInfoRequest.FromString,
+                    response_serializer=antdt_dot_v1_dot_cluster__pb2.MasterInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,5 +371,22 @@ class ClusterMonitor(object):
         return grpc.experimental.unary_unary(request, target, '/antdt.v1.ClusterMonitor/GetJobCluster',
             antdt_dot_v1_dot_cluster__pb2.GetJobClusterRequest.SerializeToString,
             antdt_dot_v1_dot_cluster__pb2.JobCluster.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetMasterInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/antdt.v1.ClusterMonitor/GetMasterInfo',
+            antdt_dot_v1_dot_cluster__pb2.GetMasterInfoRequest.SerializeToString,
+            antdt_dot_v1_dot_cluster__pb2.MasterInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

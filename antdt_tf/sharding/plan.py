@@ -16,10 +16,11 @@ import struct
 from array import array
 from typing import NamedTuple, Sequence
 
-from antdt_tf.errors import InvalidRequest
+from antdt_tf import limits
+from antdt_tf.errors import InvalidRequest, shown
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,127}$")
-MAX_EPOCHS = 1_000_000
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,127}")   # fullmatch
+MAX_EPOCHS = limits.MAX_EPOCHS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,43 +45,73 @@ class DatasetSpec:
     backup_leases: bool = False   # idle workers duplicate the rest of slow workers' leases
 
     def __post_init__(self):
-        if not _NAME_RE.match(self.name or ""):
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise InvalidRequest(
-                f"dataset name {self.name!r} is invalid: use 1-128 characters of "
-                "[A-Za-z0-9_.-/], starting with a letter or digit")
-        if self.records_per_shard <= 0:
+                f"dataset name {shown(self.name)} is invalid: use 1-{limits.MAX_NAME_CHARS} "
+                "characters of [A-Za-z0-9_.-/], starting with a letter or digit")
+        name = self.name
+        if not 0 < self.records_per_shard <= limits.MAX_RECORDS_PER_EPOCH:
             raise InvalidRequest(
-                f"dataset {self.name}: records_per_shard must be > 0, got {self.records_per_shard}")
+                f"dataset {name}: records_per_shard must be in [1, "
+                f"{limits.MAX_RECORDS_PER_EPOCH}], got {self.records_per_shard}")
         if not 0 < self.num_epochs <= MAX_EPOCHS:
             raise InvalidRequest(
-                f"dataset {self.name}: num_epochs must be in [1, {MAX_EPOCHS}], got {self.num_epochs}")
+                f"dataset {name}: num_epochs must be in [1, {MAX_EPOCHS}], got {self.num_epochs}")
         if self.files and self.num_records:
             raise InvalidRequest(
-                f"dataset {self.name}: give either num_records or files, not both")
+                f"dataset {name}: give either num_records or files, not both")
+        if len(self.files) > limits.MAX_FILES:
+            raise InvalidRequest(f"dataset {name}: {len(self.files)} files, at most "
+                                 f"{limits.MAX_FILES} allowed")
         if self.files:
+            records = shards = 0
             for f in self.files:
                 if not f.path:
-                    raise InvalidRequest(f"dataset {self.name}: a file has an empty path")
+                    raise InvalidRequest(f"dataset {name}: a file has an empty path")
+                if len(f.path) > limits.MAX_PATH_CHARS or "\0" in f.path:
+                    raise InvalidRequest(
+                        f"dataset {name}: file path {shown(f.path)} is too long (at most "
+                        f"{limits.MAX_PATH_CHARS} characters) or holds a NUL character")
                 if f.num_records < 0:
                     raise InvalidRequest(
-                        f"dataset {self.name}: file {f.path} has a negative record count "
+                        f"dataset {name}: file {shown(f.path)} has a negative record count "
                         f"({f.num_records})")
-            if sum(f.num_records for f in self.files) <= 0:
-                raise InvalidRequest(f"dataset {self.name}: the files hold no records")
-        elif self.num_records <= 0:
+                if f.num_records > limits.MAX_RECORDS_PER_EPOCH:
+                    raise InvalidRequest(
+                        f"dataset {name}: file {shown(f.path)} has {f.num_records} records; "
+                        f"a file holds at most {limits.MAX_RECORDS_PER_EPOCH}")
+                records += f.num_records
+                shards += -(-f.num_records // self.records_per_shard)
+                if records > limits.MAX_RECORDS_PER_EPOCH:
+                    break
+            if records <= 0:
+                raise InvalidRequest(f"dataset {name}: the files hold no records")
+        else:
+            records = self.num_records
+            if records <= 0:
+                raise InvalidRequest(f"dataset {name}: num_records must be > 0 (or give "
+                                     f"files), got {records}")
+            shards = -(-records // self.records_per_shard)
+        if records > limits.MAX_RECORDS_PER_EPOCH:
             raise InvalidRequest(
-                f"dataset {self.name}: num_records must be > 0 (or give files), got {self.num_records}")
+                f"dataset {name}: {records if records < 1 << 63 else 'more'} records per "
+                f"epoch; at most {limits.MAX_RECORDS_PER_EPOCH} allowed")
         if not 0 <= self.seed < 2**64:
-            raise InvalidRequest(f"dataset {self.name}: seed must fit in uint64")
+            raise InvalidRequest(f"dataset {name}: seed must fit in uint64")
         if self.static_workers and (self.tail_stealing or self.backup_leases):
-            raise InvalidRequest(f"dataset {self.name}: static sharding excludes tail "
+            raise InvalidRequest(f"dataset {name}: static sharding excludes tail "
                                  "stealing and backup leases")
         if self.tail_stealing and self.backup_leases:
-            raise InvalidRequest(f"dataset {self.name}: tail stealing and backup leases "
+            raise InvalidRequest(f"dataset {name}: tail stealing and backup leases "
                                  "exclude each other (take over a lease or duplicate it)")
-        if not 0 <= self.static_workers <= 100_000:
-            raise InvalidRequest(f"dataset {self.name}: static_workers must be in [0, 100000], "
-                                 f"got {self.static_workers}")
+        if not 0 <= self.static_workers <= limits.MAX_STATIC_WORKERS:
+            raise InvalidRequest(f"dataset {name}: static_workers must be in "
+                                 f"[0, {limits.MAX_STATIC_WORKERS}], got {self.static_workers}")
+        if self.static_workers and shards > limits.MAX_STATIC_SHARDS:
+            raise InvalidRequest(
+                f"dataset {name}: static sharding keeps every shard of an epoch queued; "
+                f"{shards} shards per epoch, at most {limits.MAX_STATIC_SHARDS} allowed "
+                "(raise records_per_shard)")
 
 
 class ShardGeometry(NamedTuple):

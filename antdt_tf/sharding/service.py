@@ -16,7 +16,8 @@ from typing import Optional
 import grpc
 from google.protobuf import message_factory
 
-from antdt_tf.errors import AntdtError, InvalidRequest
+from antdt_tf import limits
+from antdt_tf.errors import AntdtError, InvalidRequest, bounded, shown
 from antdt_tf.rpc import Malformed, lenient_parser, status_of, unary_handlers
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.state import ShardState, spec_from_proto
@@ -31,7 +32,7 @@ class ShardingServicer:
     """Implements antdt.v1.ShardingService over a ShardState (and its store)."""
 
     # ADJUST_BS never asks a worker for more than this many records in one batch
-    MAX_BATCH_SIZE = 1 << 20
+    MAX_BATCH_SIZE = limits.MAX_BATCH_SIZE
 
     def __init__(self, state: ShardState, store: Optional[StateStore] = None):
         self.state = state
@@ -74,7 +75,7 @@ class ShardingServicer:
         if released:
             log.warning("task %s:%d#%d reported dead (%s): %d shard(s) back to TODO",
                         req.task.type, req.task.index, req.task.incarnation,
-                        req.reason or "no reason given", released)
+                        shown(req.reason) if req.reason else "no reason given", released)
         return pb.ReportTaskFailureResponse(released_shards=released)
 
     def GetProgress(self, req: pb.GetProgressRequest) -> pb.GetProgressResponse:
@@ -94,13 +95,17 @@ class ShardingServicer:
     def SetBatchSizes(self, req: pb.SetBatchSizesRequest) -> pb.SetBatchSizesResponse:
         self.state.lease_length(req.dataset, -1)      # raises UnknownDataset
         for worker, size in req.batch_sizes.items():
-            if worker < 0:
-                raise InvalidRequest(f"worker index must be >= 0, got {worker}")
+            if not 0 <= worker <= limits.MAX_TASK_INDEX:
+                raise InvalidRequest(f"worker index must be in [0, {limits.MAX_TASK_INDEX}], "
+                                     f"got {worker}")
             if not 0 < size <= self.MAX_BATCH_SIZE:
                 raise InvalidRequest(f"batch size of worker {worker} must be in "
                                      f"[1, {self.MAX_BATCH_SIZE}], got {size}")
         sizes = {} if req.replace else dict(self.batch_sizes.get(req.dataset, {}))
         sizes.update(req.batch_sizes)
+        if len(sizes) > limits.MAX_TASKS:
+            raise InvalidRequest(f"batch sizes for {len(sizes)} workers, at most "
+                                 f"{limits.MAX_TASKS} allowed")
         self.batch_sizes[req.dataset] = sizes
         log.info("batch sizes of %s: %s", req.dataset, sizes)
         return pb.SetBatchSizesResponse(batch_sizes=sizes)
@@ -123,7 +128,7 @@ class ShardingServicer:
         if isinstance(request, Malformed):
             return pb.ShardStreamResponse(error=pb.CallError(
                 code=grpc.StatusCode.INVALID_ARGUMENT.value[0], type="InvalidRequest",
-                message=f"malformed request: {request.error}"))
+                message=bounded(f"malformed request: {request.error}")))
         kind = request.WhichOneof("call")
         try:
             if kind == "get_shard":
@@ -135,7 +140,12 @@ class ShardingServicer:
             raise InvalidRequest("ShardStream message carries no call (get_shard or report_shard)")
         except AntdtError as e:
             return pb.ShardStreamResponse(seq=request.seq, error=pb.CallError(
-                code=status_of(e).value[0], type=type(e).__name__, message=str(e)))
+                code=status_of(e).value[0], type=type(e).__name__, message=bounded(str(e))))
+        except Exception:  # noqa: BLE001 (a bug: answered, logged; the stream stays up)
+            log.exception("ShardStream call failed unexpectedly")
+            return pb.ShardStreamResponse(seq=request.seq, error=pb.CallError(
+                code=grpc.StatusCode.INTERNAL.value[0], type="InternalError",
+                message="internal error in the master (see its log)"))
 
     def after_call(self) -> None:
         if self.store is not None and self.store.needs_snapshot:

@@ -26,18 +26,21 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import math
 import re
 import time
 from typing import Callable, Iterable, Optional
 
+from antdt_tf import limits
 from antdt_tf.errors import (CorruptState, DatasetConflict, IncompatibleState, InvalidRequest,
-                             LeaseNotHeld, StaleIncarnation, UnknownDataset, UnknownTask)
+                             LeaseNotHeld, StaleIncarnation, UnknownDataset, UnknownTask,
+                             shown)
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.plan import DataFile, DatasetSpec, ShardPlan
 
 STATE_FORMAT_VERSION = 1
-_TASK_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_MAX_TASK_INDEX = 1_000_000
+_TASK_TYPE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")   # fullmatch
+_MAX_TASK_INDEX = limits.MAX_TASK_INDEX
 _RECENT_DONE = 16
 _MAX_POISONED_IDS = 100
 
@@ -121,13 +124,37 @@ def task_name(task: pb.TaskId) -> str:
 
 
 def validate_task(task: pb.TaskId) -> None:
-    if not _TASK_TYPE_RE.match(task.type):
-        raise InvalidRequest(f"task type {task.type!r} is invalid: use [a-z][a-z0-9_]*, "
-                             "e.g. 'worker'")
+    if not _TASK_TYPE_RE.fullmatch(task.type):
+        raise InvalidRequest(f"task type {shown(task.type)} is invalid: use 1-32 characters "
+                             "of [a-z0-9_], starting with a letter, e.g. 'worker'")
     if not 0 <= task.index <= _MAX_TASK_INDEX:
         raise InvalidRequest(f"task index {task.index} out of range [0, {_MAX_TASK_INDEX}]")
-    if task.incarnation < 0:
-        raise InvalidRequest(f"task incarnation must be >= 0, got {task.incarnation}")
+    _check_incarnation(task.incarnation)
+
+
+def _check_incarnation(incarnation: int) -> None:
+    if not 0 <= incarnation <= limits.MAX_INCARNATION:
+        raise InvalidRequest(f"task incarnation must be in [0, {limits.MAX_INCARNATION}], "
+                             f"got {incarnation}")
+
+
+def _finite(value: float, what: str) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise InvalidRequest(f"{what} must be a finite number >= 0, got {value}")
+
+
+def _counter(value: int, what: str) -> None:
+    if not 0 <= value <= limits.MAX_COUNTER:
+        raise InvalidRequest(f"{what} must be in [0, {limits.MAX_COUNTER}], got {value}")
+
+
+def _names(names) -> str:
+    """Registered dataset names for an error message: the first few, never all."""
+    names = sorted(names)
+    if not names:
+        return "none"
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return ", ".join(names[:5]) + more
 
 
 class _Pair:
@@ -178,6 +205,7 @@ class _Run:
     def __init__(self, spec: DatasetSpec):
         self.spec = spec
         self.plan = ShardPlan(spec)
+        self.spec_bytes = spec_to_proto(spec).ByteSize()
         self.epoch = 0
         self.cursor = 0
         self.order = self.plan.order(0)
@@ -285,17 +313,23 @@ class ShardState:
     def _run(self, dataset: str) -> _Run:
         run = self._runs.get(dataset)
         if run is None:
-            raise UnknownDataset(f"unknown dataset {dataset!r}; registered: "
-                                 f"{sorted(self._runs) or 'none'} (call RegisterDataset first)")
+            raise UnknownDataset(f"unknown dataset {shown(dataset)}; registered: "
+                                 f"{_names(self._runs)} (call RegisterDataset first)")
         return run
 
     def _lookup(self, task: pb.TaskId) -> Optional[_Task]:
         t = self._tasks.get(f"{task.type}:{task.index}")
         if t is None:
             validate_task(task)   # never seen: check the id in full (known ids were checked)
-        elif task.incarnation < 0:
-            raise InvalidRequest(f"task incarnation must be >= 0, got {task.incarnation}")
+        else:
+            _check_incarnation(task.incarnation)
         return t
+
+    def _check_new_task(self, task: pb.TaskId) -> None:
+        if (f"{task.type}:{task.index}" not in self._tasks
+                and len(self._tasks) >= limits.MAX_TASKS):
+            raise InvalidRequest(f"the master knows {len(self._tasks)} tasks already, at most "
+                                 f"{limits.MAX_TASKS}; task {task_name(task)} is refused")
 
     def _known_task(self, task: pb.TaskId, t: Optional[_Task] = None) -> _Task:
         """The task record for a report; refuses unknown, stale and dead incarnations."""
@@ -380,6 +414,7 @@ class ShardState:
                     f"({_describe_spec_diff(existing.spec, spec)}); use a new name or restart "
                     "the job with a fresh state_dir")
             return False, existing.plan.num_shards, existing.plan.num_records
+        self._check_dataset_room([spec_to_proto(spec)])
         self._commit(pb.JournalEntry(time=self._now(), register=spec_to_proto(spec)))
         run = self._runs[spec.name]
         return True, run.plan.num_shards, run.plan.num_records
@@ -388,6 +423,7 @@ class ShardState:
         """The task record for a GetShard: registers new tasks and newer incarnations."""
         t = self._lookup(task)
         if t is None or task.incarnation > t.incarnation:
+            self._check_new_task(task)
             self._commit(pb.JournalEntry(time=self._now(), task_joined=task))
             return self._tasks[f"{task.type}:{task.index}"]
         return self._known_task(task, t)
@@ -403,6 +439,7 @@ class ShardState:
         t = self._lookup(task)
         if t is not None and task.incarnation <= t.incarnation:
             return False
+        self._check_new_task(task)
         self._commit(pb.JournalEntry(time=self._now(), task_joined=task))
         return True
 
@@ -490,6 +527,35 @@ class ShardState:
                 f"lease {req.lease_id} (dataset {req.dataset}, shard {req.shard_id}) of "
                 f"{task_name(req.task)} expired while it was silent; its rest goes back to "
                 "TODO from what this report says was applied: drop the shard")
+        self._check_report(req, lease)
+        kind = _SETTLE_OF[req.outcome]
+        lease_seconds = 0.0
+        if kind == _S_PROGRESS:
+            lease_seconds = self._lease_seconds(run, t, lease.length - req.records_processed)
+        self._commit(pb.JournalEntry(time=self._now(), settle=pb.SettleEvent(
+            dataset=req.dataset, lease_id=lease.lease_id, kind=kind,
+            records_processed=req.records_processed, lease_seconds=lease_seconds)))
+        resp = pb.ReportShardResponse(result=_ACCEPTED)
+        if req.get_next:
+            resp.next.CopyFrom(self.get_shard(req.dataset, req.task, req.next_request_id))
+        return resp
+
+    def precheck_report(self, req: pb.ReportShardRequest) -> None:
+        """Raises the InvalidRequest that :meth:`report_shard` would raise for ``req``,
+        changing nothing (so a batch of reports is refused whole, before any applies)."""
+        run = self._run(req.dataset)
+        t = self._known_task(req.task)
+        if req.outcome not in (_DONE, _FAILED, _PROGRESS):
+            raise InvalidRequest(f"report outcome must be DONE, FAILED or PROGRESS, got {req.outcome}")
+        if req.records_processed < 0:
+            raise InvalidRequest(f"records_processed must be >= 0, got {req.records_processed}")
+        lease = run.doing.get(req.lease_id)
+        if (lease is not None and lease.task_key == t.key and not lease.held
+                and lease.incarnation == req.task.incarnation):
+            self._check_report(req, lease)
+
+    @staticmethod
+    def _check_report(req: pb.ReportShardRequest, lease: _Lease) -> None:
         if lease.shard_id != req.shard_id or lease.epoch != req.epoch:
             raise InvalidRequest(
                 f"lease {lease.lease_id} is for shard {lease.shard_id} epoch {lease.epoch}, the "
@@ -506,17 +572,6 @@ class ShardState:
             raise InvalidRequest(
                 f"records_processed {req.records_processed} is below the {lease.applied} already "
                 f"reported for lease {lease.lease_id}; progress never goes back")
-        kind = _SETTLE_OF[req.outcome]
-        lease_seconds = 0.0
-        if kind == _S_PROGRESS:
-            lease_seconds = self._lease_seconds(run, t, lease.length - req.records_processed)
-        self._commit(pb.JournalEntry(time=self._now(), settle=pb.SettleEvent(
-            dataset=req.dataset, lease_id=lease.lease_id, kind=kind,
-            records_processed=req.records_processed, lease_seconds=lease_seconds)))
-        resp = pb.ReportShardResponse(result=_ACCEPTED)
-        if req.get_next:
-            resp.next.CopyFrom(self.get_shard(req.dataset, req.task, req.next_request_id))
-        return resp
 
     def report_task_failure(self, task: pb.TaskId) -> int:
         """Declares ``task`` dead; its leases go back to TODO now. Returns how many.
@@ -600,6 +655,7 @@ class ShardState:
                 raise IncompatibleState(
                     f"dataset {ds.spec.name!r}: the snapshot was taken with different parameters "
                     f"({_describe_spec_diff(run.spec, spec_from_proto(ds.spec))})")
+        self._check_dataset_room([ds.spec for ds in state.datasets])
         self._commit(pb.JournalEntry(time=self._now(), restore=state))
         return ([ds.spec.name for ds in state.datasets],
                 sum(len(ds.doing) for ds in state.datasets))
@@ -1032,6 +1088,21 @@ class ShardState:
             raise IncompatibleState(
                 f"sharding state format version {state.format_version} is not supported "
                 f"(this master reads version {STATE_FORMAT_VERSION})")
+        if not 0 <= state.next_lease_id <= limits.MAX_LEASE_ID:
+            raise InvalidRequest(f"next_lease_id must be in [0, {limits.MAX_LEASE_ID}], got "
+                                 f"{state.next_lease_id}")
+        if len(state.datasets) > limits.MAX_DATASETS:
+            raise InvalidRequest(f"the state holds {len(state.datasets)} datasets, at most "
+                                 f"{limits.MAX_DATASETS} allowed")
+        if keep_doing:
+            if len(state.tasks) > limits.MAX_TASKS:
+                raise InvalidRequest(f"the state holds {len(state.tasks)} tasks, at most "
+                                     f"{limits.MAX_TASKS} allowed")
+            for ts in state.tasks:
+                validate_task(ts.task)
+                _finite(ts.seconds_per_record, "a task's seconds_per_record")
+                for value in (ts.shards_done, ts.records_done, ts.failures):
+                    _counter(value, "a task's counters")
         names = set()
         for ds in state.datasets:
             spec = spec_from_proto(ds.spec)  # raises InvalidRequest
@@ -1046,6 +1117,10 @@ class ShardState:
                 raise InvalidRequest(f"{where}: cursor {ds.cursor} not in [0, {plan.num_shards}]")
             if not 0 <= ds.records_done_epoch <= plan.num_records or ds.records_done_total < 0:
                 raise InvalidRequest(f"{where}: record counts out of range")
+            _counter(ds.records_done_total, f"{where}: records_done_total")
+            _counter(ds.stolen_leases, f"{where}: stolen_leases")
+            _counter(ds.backup_leases, f"{where}: backup_leases")
+            _finite(ds.seconds_per_record, f"{where}: seconds_per_record")
             order = plan.order(min(ds.epoch, spec.num_epochs - 1))
             seen: set[int] = set()
             lease_ids = [r.lease_id for r in ds.doing]
@@ -1090,12 +1165,32 @@ class ShardState:
                                              "never issued (beyond the cursor)")
                     if r.failures < 0:
                         raise InvalidRequest(f"{where}: negative failure count")
+                    _finite(r.lease_seconds, f"{where}: lease_seconds")
                     if group == "doing" and keep_doing:
                         validate_task(r.holder)
                         if not any(ts.task.type == r.holder.type and ts.task.index == r.holder.index
                                    for ts in state.tasks):
                             raise InvalidRequest(f"{where}: lease {r.lease_id} holder "
                                                  f"{task_name(r.holder)} is not in the task table")
+
+    def _check_dataset_room(self, specs: list) -> None:
+        """Refuses datasets beyond :data:`limits.MAX_DATASETS` or specs beyond the byte
+        budgets (a snapshot must stay far below a gRPC message's 4 MiB)."""
+        new = {s.name: s for s in specs}
+        names = set(self._runs) | set(new)
+        if len(names) > limits.MAX_DATASETS:
+            raise InvalidRequest(f"at most {limits.MAX_DATASETS} datasets can be registered "
+                                 f"with one master; {len(self._runs)} are")
+        sizes = {name: run.spec_bytes for name, run in self._runs.items()}
+        for name, spec in new.items():
+            sizes[name] = spec.ByteSize()
+            if sizes[name] > limits.MAX_SPEC_BYTES:
+                raise InvalidRequest(f"dataset {shown(name)}: its spec takes {sizes[name]} "
+                                     f"bytes, at most {limits.MAX_SPEC_BYTES} allowed")
+        if sum(sizes.values()) > limits.MAX_TOTAL_SPEC_BYTES:
+            raise InvalidRequest(f"the registered datasets' specs would take "
+                                 f"{sum(sizes.values())} bytes, at most "
+                                 f"{limits.MAX_TOTAL_SPEC_BYTES} allowed")
 
     # ----------------------------------------------------------------- helpers
 

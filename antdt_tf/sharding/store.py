@@ -32,7 +32,7 @@ from typing import Optional
 
 from google.protobuf.message import DecodeError
 
-from antdt_tf.errors import CorruptState, IncompatibleState, StateDirLocked
+from antdt_tf.errors import CorruptState, IncompatibleState, StateDirLocked, bounded
 from antdt_tf.proto import sharding_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -260,13 +260,20 @@ def open_state(store: StateStore, state, discard_corrupt: bool = False) -> dict:
     try:
         snapshot, entries = store.read()
         if snapshot is not None:
-            state.load(snapshot)
+            try:
+                state.load(snapshot)
+            except (CorruptState, IncompatibleState):
+                raise
+            except Exception as e:  # noqa: BLE001 (whatever a bad snapshot breaks)
+                raise CorruptState(f"snapshot in {store.dir} does not load "
+                                   f"({type(e).__name__}: {bounded(str(e))})") from e
         for i, entry in enumerate(entries):
             try:
                 state.apply(entry)
-            except (KeyError, ValueError, IndexError) as e:
+            except Exception as e:  # noqa: BLE001 (an event this master cannot replay)
                 raise CorruptState(f"journal {store.dir}: record {i} does not apply to the "
-                                   f"state before it ({type(e).__name__}: {e})") from e
+                                   f"state before it ({type(e).__name__}: "
+                                   f"{bounded(str(e))})") from e
     except (CorruptState, IncompatibleState) as e:
         if not discard_corrupt:
             store.close()

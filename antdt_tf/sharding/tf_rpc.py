@@ -58,8 +58,9 @@ import time
 
 import grpc
 
+from antdt_tf import limits
 from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, InvalidRequest, LeaseNotHeld,
-                             StaleIncarnation)
+                             StaleIncarnation, bounded, shown)
 from antdt_tf.rpc import status_of
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.proto import tf_rpc_pb2 as tpb
@@ -77,29 +78,48 @@ def _scalar(t: tpb.TfTensor, dtype: int, what: str):
                              f"got {tpb.TfDataType.Name(t.dtype)} with shape "
                              f"{[d.size for d in t.tensor_shape.dim]}")
     if dtype == tpb.DT_STRING:
-        return t.string_val[0].decode() if t.string_val else ""
-    return _values(t, dtype)[0] if (t.int64_val or t.int_val or t.tensor_content) else 0
+        try:
+            return t.string_val[0].decode() if t.string_val else ""
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"{what} must be UTF-8 text") from None
+    return _values(t, dtype, what)[0] if (t.int64_val or t.int_val or t.tensor_content) else 0
 
 
-def _values(t: tpb.TfTensor, dtype: int) -> list[int]:
+def _values(t: tpb.TfTensor, dtype: int, what: str) -> list[int]:
     if t.tensor_content:
         a = array.array("q" if dtype == tpb.DT_INT64 else "i")
+        if len(t.tensor_content) % a.itemsize:
+            raise InvalidRequest(f"{what}: tensor_content of {len(t.tensor_content)} bytes is "
+                                 f"not a whole number of {a.itemsize}-byte values")
+        if len(t.tensor_content) // a.itemsize > limits.MAX_REPORT_LEASES:
+            raise InvalidRequest(f"{what}: more than {limits.MAX_REPORT_LEASES} values")
         a.frombytes(t.tensor_content)
         return a.tolist()
-    return list(t.int64_val if dtype == tpb.DT_INT64 else t.int_val)
+    values = t.int64_val if dtype == tpb.DT_INT64 else t.int_val
+    if len(values) > limits.MAX_REPORT_LEASES:
+        raise InvalidRequest(f"{what}: more than {limits.MAX_REPORT_LEASES} values")
+    return list(values)
 
 
 def _vector(t: tpb.TfTensor, dtype: int, what: str) -> list[int]:
     if t.dtype != dtype or len(t.tensor_shape.dim) != 1:
         raise InvalidRequest(f"{what} must be a vector of type {tpb.TfDataType.Name(dtype)}")
-    values = _values(t, dtype)
     n = t.tensor_shape.dim[0].size
+    if not 0 <= n <= limits.MAX_REPORT_LEASES:
+        raise InvalidRequest(f"{what}: shape [{n}] out of range [0, {limits.MAX_REPORT_LEASES}]")
+    values = _values(t, dtype, what)
     if len(values) != n:
         if len(values) == 1:       # TF writes a run of equal values once
             values = values * n
         else:
             raise InvalidRequest(f"{what}: {len(values)} values for shape [{n}]")
     return values
+
+
+def _check_worker(worker: int) -> None:
+    if not 0 <= worker <= limits.MAX_TASK_INDEX:
+        raise InvalidRequest(f"worker index must be in [0, {limits.MAX_TASK_INDEX}], "
+                             f"got {worker}")
 
 
 def _i64(v: int) -> tpb.TfTensor:
@@ -143,6 +163,10 @@ class TfRpcServicer:
         return req.input_tensors
 
     def _task(self, worker: int, incarnation: int) -> pb.TaskId:
+        _check_worker(worker)
+        if not 0 <= incarnation <= limits.MAX_INCARNATION:
+            raise InvalidRequest(f"incarnation must be in [0, {limits.MAX_INCARNATION}], "
+                                 f"got {incarnation}")
         return pb.TaskId(type=WORKER_TASK, index=worker, incarnation=incarnation)
 
     def open(self, req) -> tpb.TfCallResponse:
@@ -156,8 +180,7 @@ class TfRpcServicer:
         dataset = _scalar(dataset_t, tpb.DT_STRING, "dataset")
         worker = _scalar(worker_t, tpb.DT_INT64, "worker")
         self.state.progress(dataset)          # UnknownDataset if not registered
-        if worker < 0:
-            raise InvalidRequest(f"worker index must be >= 0, got {worker}")
+        _check_worker(worker)
         previous = self.state.task_incarnation(WORKER_TASK, worker)
         incarnation = max(previous + 1, int(time.time() * 1000))
         if previous >= 0 and (incarnation - previous) % 2 == 0:
@@ -224,17 +247,27 @@ class TfRpcServicer:
         applied = _vector(applied_t, tpb.DT_INT64, "applied")
         if not len(leases) == len(shards) == len(epochs) == len(applied):
             raise InvalidRequest("leases, shards, epochs and applied must have equal lengths")
-        rejected = 0
-        before = self.state.task_records(task.type, task.index)
+        if len(set(leases)) != len(leases):
+            raise InvalidRequest("leases: a lease is listed twice")
+        reports = []
         for lease, shard, epoch, n in zip(leases, shards, epochs, applied):
             length = self.state.lease_length(dataset, lease)
             # not active: a retried DONE answers DUPLICATE, anything else is rejected
             outcome = (pb.ReportShardRequest.DONE if length is None or n == length
                        else pb.ReportShardRequest.PROGRESS)
+            report = pb.ReportShardRequest(dataset=dataset, task=task, lease_id=lease,
+                                           shard_id=shard, epoch=epoch, outcome=outcome,
+                                           records_processed=n)
             try:
-                self.state.report_shard(pb.ReportShardRequest(
-                    dataset=dataset, task=task, lease_id=lease, shard_id=shard, epoch=epoch,
-                    outcome=outcome, records_processed=n))
+                self.state.precheck_report(report)   # a bad one refuses the whole call
+            except (LeaseNotHeld, StaleIncarnation):
+                pass                                 # counted as rejected below
+            reports.append(report)
+        rejected = 0
+        before = self.state.task_records(task.type, task.index)
+        for report in reports:
+            try:
+                self.state.report_shard(report)
             except (LeaseNotHeld, StaleIncarnation) as e:
                 rejected += 1   # the worker skips the rest of this lease's batches
                 log.warning("report from %s:%d#%d not counted: %s", task.type, task.index,
@@ -252,9 +285,10 @@ class TfRpcServicer:
         incarnation = _scalar(inc_t, tpb.DT_INT64, "incarnation")
         records = _scalar(records_t, tpb.DT_INT64, "records")
         micros = _scalar(micros_t, tpb.DT_INT64, "micros")
-        if worker < 0 or records < 0 or micros < 0:
-            raise InvalidRequest(f"worker, records and micros must be >= 0, got "
-                                 f"{worker}, {records}, {micros}")
+        _check_worker(worker)
+        if records < 0 or micros < 0 or incarnation < 0:
+            raise InvalidRequest(f"incarnation, records and micros must be >= 0, got "
+                                 f"{incarnation}, {records}, {micros}")
         if self.state.task_incarnation(WORKER_TASK, worker) > incarnation:
             raise StaleIncarnation(f"worker {worker} incarnation {incarnation} was replaced")
         if self.on_step is not None and records > 0:
@@ -269,20 +303,22 @@ class TfRpcServicer:
         try:
             req.ParseFromString(raw)
         except Exception as e:  # DecodeError: bytes that are not a CallRequest
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed CallRequest: {e}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                bounded(f"malformed CallRequest: {e}"))
         if self.token:
             last = req.input_tensors[-1] if req.input_tensors else None
             got = (last.string_val[0] if last is not None and last.dtype == tpb.DT_STRING
                    and len(last.string_val) == 1 else b"")
             if not hmac.compare_digest(got, self.token.encode()):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                    f"{req.method}: missing or wrong job token (the last "
-                                    "argument of every call when the master has a token)")
+                                    f"{shown(req.method)}: missing or wrong job token (the "
+                                    "last argument of every call when the master has a token)")
             del req.input_tensors[-1]
         name = self.METHODS.get(req.method)
         if name is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"method {req.method!r} is not served; known: {sorted(self.METHODS)}")
+                                f"method {shown(req.method)} is not served; known: "
+                                f"{sorted(self.METHODS)}")
         try:
             result = getattr(self, name)(req)
             if asyncio.iscoroutine(result):
@@ -291,7 +327,11 @@ class TfRpcServicer:
         except AntdtError as e:
             # the error's type for Python clients (TfRpcClient); TF's ops see the status
             context.set_trailing_metadata(((ERROR_METADATA_KEY, type(e).__name__),))
-            await context.abort(status_of(e), f"{req.method}: {e}")
+            await context.abort(status_of(e), bounded(f"{req.method}: {e}"))
+        except Exception:  # noqa: BLE001 (a bug: never a traceback or the input to the caller)
+            log.exception("%s failed unexpectedly", req.method)
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                "internal error in the master (see its log)")
 
     async def List(self, raw: bytes, context) -> tpb.TfListResponse:
         return tpb.TfListResponse(registered_methods=[

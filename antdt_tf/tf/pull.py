@@ -51,9 +51,27 @@ _NEXT_TYPES = [tf.int32, tf.int64, tf.int64, tf.int32, tf.string, tf.int64, tf.i
                tf.int64, tf.int64]
 
 
+_TF_RPC_ADDRESSES: dict[str, str] = {}
+
+
+def tf_rpc_address(master: str) -> str:
+    """Where TensorFlow's RPC ops reach ``master``: the master itself, or, when the job
+    runs with TLS (which TF's RPC ops cannot speak), the plaintext port the master names
+    in GetMasterInfo. Asked once per master by the process that builds the graph."""
+    if not auth.tls_enabled():
+        return master
+    if master not in _TF_RPC_ADDRESSES:
+        from antdt_tf.monitor.client import MonitorClient
+
+        with MonitorClient(master, timeout=60) as monitor:
+            _TF_RPC_ADDRESSES[master] = monitor.master_info().tf_rpc_address
+    return _TF_RPC_ADDRESSES[master]
+
+
 def _client(master: str, timeout_ms: int, role: str):
     # One named client per role: a handle that shares its resource with another user
     # (the input pipeline vs the training step) was found deleted under the other.
+    master = tf_rpc_address(master)
     client, _ = _rpc.rpc_client(server_address=master, timeout_in_ms=timeout_ms,
                                 shared_name=f"antdt_{role}_{master}",
                                 list_registered_methods=False)
