@@ -102,7 +102,13 @@ def test_tail_stealing_takes_over_a_slow_workers_shards_exactly(tmp_path):
     assert report["audit"]["applied_1"] == report["records"]
     assert "tail work-stealing" in out
     slow = {h["task"]: h for h in report["health"]}["worker:2"]
-    assert slow["class"] in ("transient", "persistent", "deterministic"), report["health"]
+    if slow["samples"] >= 5:      # the Monitor judges a worker from 5 steps in its window
+        assert slow["class"] in ("transient", "persistent", "deterministic"), report["health"]
+    else:
+        # on a busy machine the x8-throttled worker may have finished fewer steps than
+        # that before the job ended (seen in CI: 1): not judged, and it trained least
+        assert slow["class"] == "straggler_class_unspecified", report["health"]
+        assert report["records_per_worker"][2] == min(report["records_per_worker"])
     # the same view as TensorBoard scalars (written by the chief)
     import tensorflow as tf
 
