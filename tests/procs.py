@@ -16,6 +16,18 @@ from antdt_tf.procutil import child_env
 MASTER_BIN = str(pathlib.Path(sys.executable).parent / "antdt-master")
 
 
+def reachable(address: str, timeout: float = 2.0) -> bool:
+    """Whether a TCP connection to ``host:port`` succeeds from this process."""
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 class MasterProcess:
     def __init__(self, workdir: pathlib.Path, state_dir=None, port=0, flags=()):
         self.workdir = pathlib.Path(workdir)

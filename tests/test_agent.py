@@ -21,6 +21,7 @@ from antdt_tf.proto import cluster_pb2_grpc as cpb_grpc
 from antdt_tf.master.server import BackgroundMaster
 from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState
+from procs import reachable
 
 AGENT_BIN = str(pathlib.Path(sys.executable).parent / "antdt-agent")
 
@@ -69,17 +70,6 @@ def probe(**fields):
     return cpb.ProbeTaskArgs(**fields)
 
 
-def serving(endpoint: str) -> bool:
-    import socket
-
-    host, port = endpoint.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 def free_endpoint() -> str:
     from antdt_tf.tf.local_cluster import free_ports
 
@@ -101,7 +91,7 @@ def test_start_list_kill_restart_and_report_to_master(tmp_path, agent, master):
     st = agent.client.start("worker", 0, cpb.PROBE_TASK, probe(endpoint=endpoint))
     assert st.state == cpb.TaskStatus.RUNNING and st.starts == 1
     assert psutil.Process(st.pid).is_running()
-    wait_for(lambda: serving(endpoint), what="the task to serve")
+    wait_for(lambda: reachable(endpoint), what="the task to serve")
     (listed,) = agent.client.list().tasks
     assert listed.pid == st.pid and listed.state == cpb.TaskStatus.RUNNING
 
@@ -193,7 +183,7 @@ def test_a_caller_cannot_smuggle_environment_into_a_task(tmp_path, agent):
         st = ch.unary_unary("/antdt.v1.Agent/StartTask",
                             response_deserializer=cpb.TaskStatus.FromString)(raw, timeout=20)
     assert st.state == cpb.TaskStatus.RUNNING
-    wait_for(lambda: serving(endpoint), what="the probe to serve")   # it started
+    wait_for(lambda: reachable(endpoint), what="the probe to serve")   # it started
     assert psutil.Process(st.pid).environ().get("PYTHONPATH", "") != str(hook)
     assert not marker.exists()
 

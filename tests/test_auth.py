@@ -61,20 +61,30 @@ def test_the_token_comes_from_the_environment(master, monkeypatch):
         assert _code(lambda: c.progress("")) == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_agent_refuses_a_start_without_the_token(tmp_path):
+def _agent_with_token(tmp_path, *flags):
+    """A real antdt-agent process that enforces TOKEN (and ``flags``); (proc, address)."""
+    import time
+
     port_file = tmp_path / "port"
     env = dict(__import__("os").environ, ANTDT_JOB_TOKEN=TOKEN)
     proc = subprocess.Popen([sys.executable, "-m", "antdt_tf.agent.agent", "--port=0",
-                             f"--port_file={port_file}", f"--task_log_dir={tmp_path}"],
+                             f"--port_file={port_file}", f"--task_log_dir={tmp_path}", *flags],
                             env=env, start_new_session=True)
+    deadline = time.monotonic() + 30
     try:
-        import time
-
-        deadline = time.monotonic() + 30
         while not port_file.exists():
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        address = f"127.0.0.1:{port_file.read_text().strip()}"
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        raise
+    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+
+
+def test_agent_refuses_a_start_without_the_token(tmp_path):
+    proc, address = _agent_with_token(tmp_path)
+    try:
         intruder = AgentClient(address, 10, auth.channel(address, token=""))
         code = _code(lambda: intruder.start("worker", 0, cpb.PROBE_TASK,
                                             cpb.ProbeTaskArgs(exit_after_seconds=0)))
@@ -211,20 +221,9 @@ def test_tls_data_path_keeps_checking_the_token(cas, monkeypatch):
 
 def test_agent_with_tls_refuses_a_start_from_a_stranger(cas, tmp_path):
     job, stranger = cas
-    port_file = tmp_path / "port"
-    env = dict(__import__("os").environ, ANTDT_JOB_TOKEN=TOKEN)
-    proc = subprocess.Popen([sys.executable, "-m", "antdt_tf.agent.agent", "--port=0",
-                             f"--port_file={port_file}", f"--task_log_dir={tmp_path}",
-                             f"--tls_cert={job.cert}", f"--tls_key={job.key}",
-                             f"--tls_ca={job.ca}"], env=env, start_new_session=True)
+    proc, address = _agent_with_token(tmp_path, f"--tls_cert={job.cert}",
+                                      f"--tls_key={job.key}", f"--tls_ca={job.ca}")
     try:
-        import time
-
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        address = f"127.0.0.1:{port_file.read_text().strip()}"
         start = lambda c: c.start("worker", 0, cpb.PROBE_TASK,  # noqa: E731
                                   cpb.ProbeTaskArgs(exit_after_seconds=0))
         for tls in (None, stranger):

@@ -6,7 +6,6 @@ real TF servers and a real job, and try to connect from outside."""
 
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -17,17 +16,9 @@ from antdt_tf import auth
 from antdt_tf.backends import private_network
 from antdt_tf.procutil import child_env
 from antdt_tf.tf.local_cluster import free_ports
+from procs import reachable
 
 LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
-
-
-def reachable(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=2):
-            return True
-    except OSError:
-        return False
 
 
 def reachable_inside(network, address: str) -> bool:

@@ -187,6 +187,8 @@ def _tf1_trainer(args: cpb.Tf1TrainerArgs, paths: PathPolicy, estimator: bool) -
     if not 0 <= args.task_index < len(cluster[job]):
         raise InvalidRequest(f"tf1_trainer.task_index {args.task_index} is not a {job} of "
                              "the cluster")
+    if not args.data:
+        raise InvalidRequest("tf1_trainer.data is required")
     argv = [_flag("master", _address("tf1_trainer.master", args.master)),
             _flag("dataset", _name("tf1_trainer.dataset", args.dataset)),
             _flag("data", paths.check("tf1_trainer.data", args.data, read_only=True)),
@@ -195,8 +197,6 @@ def _tf1_trainer(args: cpb.Tf1TrainerArgs, paths: PathPolicy, estimator: bool) -
             _flag("buckets", _positive("tf1_trainer.buckets", args.buckets)),
             _flag("learning_rate", _positive("tf1_trainer.learning_rate", args.learning_rate)),
             _flag("save_secs", _positive("tf1_trainer.save_secs", args.save_secs))]
-    if not args.data:
-        raise InvalidRequest("tf1_trainer.data is required")
     checkpoint = paths.check("tf1_trainer.checkpoint_dir", args.checkpoint_dir)
     if args.report_json:
         argv.append(_flag("report_json", paths.check("tf1_trainer.report_json",

@@ -496,12 +496,7 @@ class ShardState:
                                    shard=self._shard_msg(run, lease))
 
     def report_shard(self, req: pb.ReportShardRequest) -> pb.ReportShardResponse:
-        run = self._run(req.dataset)
-        t = self._known_task(req.task)
-        if req.outcome not in (_DONE, _FAILED, _PROGRESS):
-            raise InvalidRequest(f"report outcome must be DONE, FAILED or PROGRESS, got {req.outcome}")
-        if req.records_processed < 0:
-            raise InvalidRequest(f"records_processed must be >= 0, got {req.records_processed}")
+        run, t = self._report_target(req)
         lease = run.doing.get(req.lease_id)
         if lease is None or lease.task_key != t.key or lease.incarnation != req.task.incarnation:
             if lease is None:   # a holder reporting its batch in flight when it was stolen
@@ -540,15 +535,20 @@ class ShardState:
             resp.next.CopyFrom(self.get_shard(req.dataset, req.task, req.next_request_id))
         return resp
 
-    def precheck_report(self, req: pb.ReportShardRequest) -> None:
-        """Raises the InvalidRequest that :meth:`report_shard` would raise for ``req``,
-        changing nothing (so a batch of reports is refused whole, before any applies)."""
+    def _report_target(self, req: pb.ReportShardRequest):
+        """The dataset run and known task a report is about, its outcome and count checked."""
         run = self._run(req.dataset)
         t = self._known_task(req.task)
         if req.outcome not in (_DONE, _FAILED, _PROGRESS):
             raise InvalidRequest(f"report outcome must be DONE, FAILED or PROGRESS, got {req.outcome}")
         if req.records_processed < 0:
             raise InvalidRequest(f"records_processed must be >= 0, got {req.records_processed}")
+        return run, t
+
+    def precheck_report(self, req: pb.ReportShardRequest) -> None:
+        """Raises the InvalidRequest that :meth:`report_shard` would raise for ``req``,
+        changing nothing (so a batch of reports is refused whole, before any applies)."""
+        run, t = self._report_target(req)
         lease = run.doing.get(req.lease_id)
         if (lease is not None and lease.task_key == t.key and not lease.held
                 and lease.incarnation == req.task.incarnation):
