@@ -37,14 +37,8 @@ class AgentClient:
               endpoint: str = "", memory_limit_bytes: int = 0) -> cpb.TaskStatus:
         """Starts ``program`` (``cpb.Program``) with its typed ``args`` (``TfServerArgs``,
         ``ChiefArgs``, ``Tf1TrainerArgs`` or ``ProbeTaskArgs``)."""
-        req = cpb.StartTaskRequest(task=cpb.TaskRef(job=job, index=index), program=program,
-                                   generation=generation, endpoint=endpoint,
-                                   memory_limit_bytes=memory_limit_bytes)
-        field = _ARGS_FIELD.get(type(args).__name__)
-        if field is None:
-            raise TypeError(f"args must be one of {sorted(_ARGS_FIELD)}, got {type(args)}")
-        getattr(req, field).CopyFrom(args)
-        return self._call("StartTask", req)
+        return self._call("StartTask", start_request(job, index, program, args, generation,
+                                                     endpoint, memory_limit_bytes))
 
     def stop(self, job: str, index: int, kill: bool = False, grace_seconds: float = 10.0,
              generation: int = 0) -> cpb.TaskStatus:
@@ -71,3 +65,17 @@ class AgentClient:
 # typed arguments message -> its field in StartTaskRequest's ``args`` oneof
 _ARGS_FIELD = {f.message_type.name: f.name
                for f in cpb.StartTaskRequest.DESCRIPTOR.oneofs_by_name["args"].fields}
+
+
+def start_request(job: str, index: int, program: int, args, generation: int = 0,
+                  endpoint: str = "", memory_limit_bytes: int = 0) -> cpb.StartTaskRequest:
+    """The typed ``StartTask`` for ``program`` with its ``args`` message (what every
+    backend hands the process that supervises a task)."""
+    req = cpb.StartTaskRequest(task=cpb.TaskRef(job=job, index=index), program=program,
+                               generation=generation, endpoint=endpoint,
+                               memory_limit_bytes=memory_limit_bytes)
+    field = _ARGS_FIELD.get(type(args).__name__)
+    if field is None:
+        raise TypeError(f"args must be one of {sorted(_ARGS_FIELD)}, got {type(args)}")
+    getattr(req, field).CopyFrom(args)
+    return req

@@ -191,6 +191,13 @@ class TaskSupervisor:
                                                                index=task.ref[1]),
                                               grace_seconds=5.0))
 
+    def kill_all(self) -> None:
+        """SIGKILLs every task's process group at once, waiting for nothing: for an owner
+        that is about to vanish (a Ray actor whose node died), so no task outlives it."""
+        for task in list(self._tasks.values()):
+            if task.proc.poll() is None:
+                self._killpg(task, signal.SIGKILL)
+
     # ------------------------------------------------------------------ internals
 
     @staticmethod
