@@ -1,18 +1,20 @@
-"""antdt-launch: run a whole antdt-tf training job with real processes, on this machine
-or on the hosts registered with a running master.
+"""antdt-launch: run a whole antdt-tf training job with real processes, on this machine,
+on the hosts registered with a running master, or on a Ray cluster.
 
 Usage::
 
     antdt-launch --num_ps=2 --num_workers=3 --generate_records=200000 --audit \\
         --inject=slow:worker:2:x3@5s-40s --inject=kill:worker:1@30s --report_json=r.json
     antdt-launch --backend=agents --master=10.0.0.5:7470 --num_hosts=3 --data=/shared/d.adtr
+    antdt-launch --backend=ray --ray_address=10.0.0.5:6379 --data=/shared/d.adtr
 
 It is a client of the master, which owns the job: it submits a typed ``JobSpec`` and
 follows the job (``antdt_tf.launcher.follow``). By default (``--backend=local``) it first
 starts one ``antdt-agent`` per simulated host on loopback and an ``antdt-master`` (state
 in the workdir) — restarting that master if it dies; with ``--backend=agents`` it submits
 to the running master at ``--master``, whose hosts are the agents registered with it
-(docs/backends.md). The master's job control (``antdt_tf.master.job_control``) starts
+(docs/backends.md); with ``--backend=ray`` it starts the master as an actor on the Ray
+cluster's head node, and every task is an actor on a node (docs/ray.md). The master's job control (``antdt_tf.master.job_control``) starts
 the PS and worker ``tf.distribute.Server`` tasks and the coordinator through the
 backend, publishes the cluster's addresses for the chief, and supervises
 (``antdt_tf.launcher.job``); the launcher shows a progress line (records, shards,
@@ -24,7 +26,8 @@ records/s, ETA, each worker's share) and the job's events:
   75 and is relaunched, restoring model and sharding state from the last shard-boundary
   checkpoint;
 - a coordinator that died is relaunched (same restore);
-- a master that died is restarted on its state dir (local backend: by the launcher);
+- a master that died is restarted on its state dir (local and ray backends: by the
+  launcher);
   it resumes the job, adopting the tasks that still run;
 - a task whose host is lost comes back on another host, at a new address; for a worker
   the chief restarts with the new cluster and restores.
@@ -51,8 +54,9 @@ from absl import app, flags
 from antdt_tf import auth, exitcodes
 from antdt_tf.agent.inject import parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
-from antdt_tf.launcher.config import (SOURCE_ROOT, TF1_APIS, JobConfig, generate_data,
-                                      skips_refused_leases, check_spec, to_proto)
+from antdt_tf.launcher.config import (SOURCE_ROOT, TF1_APIS, JobConfig, check_spec,
+                                      default_namespace, generate_data,
+                                      skips_refused_leases, task_port_range, to_proto)
 from antdt_tf.launcher.report import summary_table
 
 FLAGS = flags.FLAGS
@@ -63,10 +67,17 @@ flags.DEFINE_integer("max_workers", 0, "Worker slots the job may scale out to (p
 flags.DEFINE_integer("num_hosts", 0, "Simulated hosts (one agent each); tasks are placed "
                      "round-robin. 0: one host per worker. --backend=agents: wait until "
                      "this many hosts registered with the master (0: 1).")
-flags.DEFINE_enum("backend", "local", ["local", "agents"], "Where the tasks run: local = "
+flags.DEFINE_enum("backend", "local", ["local", "agents", "ray"], "Where the tasks run: local = "
                   "simulated hosts on this machine (an agent each, on loopback; the launcher "
                   "starts the master); agents = the real hosts whose antdt-agent registered "
                   "with the running master at --master (see docs/backends.md).")
+flags.DEFINE_string("ray_address", "auto", "--backend=ray: the Ray cluster to run on "
+                    "(HOST:PORT of its GCS, or auto: the cluster of this machine). Needs "
+                    "RAY_AUTH_TOKEN as on the cluster's nodes (docs/ray.md).")
+flags.DEFINE_string("ray_namespace", "", "--backend=ray: the job's Ray namespace, where its "
+                    "master and task actors are named (default: one derived from --workdir).")
+flags.DEFINE_string("task_ports", "", "--backend=ray: FIRST-LAST, the ports the job's TF "
+                    "tasks serve on, outside Ray's own ports (default 23000-23999).")
 flags.DEFINE_string("master", "", "--backend=agents: host:port of the running antdt-master "
                     "the hosts' agents report to. Every process needs the job's token "
                     "($ANTDT_JOB_TOKEN) when it listens beyond loopback.")
@@ -162,8 +173,19 @@ def config_from_flags() -> JobConfig:
         if FLAGS.host_timeout_seconds <= 0:
             raise app.UsageError("--host_timeout_seconds must be > 0")
     elif FLAGS.master:
-        raise app.UsageError("--master goes with --backend=agents (the local backend "
-                             "starts its own master)")
+        raise app.UsageError("--master goes with --backend=agents (the local and ray "
+                             "backends start their own master)")
+    if FLAGS.backend == "ray":
+        if FLAGS.api != "custom_loop":
+            raise app.UsageError("--backend=ray runs --api=custom_loop jobs for now "
+                                 "(docs/ray.md)")
+        if FLAGS.task_ports:
+            try:
+                task_port_range(FLAGS.task_ports)
+            except InvalidRequest as e:
+                raise app.UsageError(f"--task_ports: {e}") from e
+    elif FLAGS.ray_namespace or FLAGS.task_ports:
+        raise app.UsageError("--ray_namespace and --task_ports go with --backend=ray")
     if FLAGS.max_workers and FLAGS.max_workers < FLAGS.num_workers:
         raise app.UsageError("--max_workers must be 0 or >= --num_workers")
     if FLAGS.max_workers > FLAGS.num_workers and (FLAGS.api != "custom_loop"
@@ -260,7 +282,11 @@ def config_from_flags() -> JobConfig:
                              "and --checkpoint_every_shards >= 1")
     cfg = JobConfig(
         num_ps=FLAGS.num_ps, num_workers=FLAGS.num_workers,
-        num_hosts=FLAGS.num_hosts or (1 if FLAGS.backend == "agents" else FLAGS.num_workers),
+        num_hosts=FLAGS.num_hosts or (1 if FLAGS.backend in ("agents", "ray")
+                                      else FLAGS.num_workers),
+        task_ports=FLAGS.task_ports,
+        ray_namespace=(FLAGS.ray_namespace or "(from the workdir)") if FLAGS.backend == "ray"
+        else "",
         data=data, eval_data=eval_data, backend=FLAGS.backend, master=FLAGS.master,
         host_timeout_seconds=FLAGS.host_timeout_seconds,
         epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
@@ -299,7 +325,9 @@ def config_from_flags() -> JobConfig:
     ckpt = str(pathlib.Path(FLAGS.checkpoint_dir).resolve()) if FLAGS.checkpoint_dir else str(
         workdir / "checkpoints")
     return dataclasses.replace(cfg, workdir=workdir, data=data, eval_data=eval_data,
-                               checkpoint_dir=ckpt)
+                               checkpoint_dir=ckpt, ray_namespace=(
+                                   FLAGS.ray_namespace or default_namespace(workdir)
+                                   if FLAGS.backend == "ray" else ""))
 
 
 def main(argv):
@@ -308,6 +336,7 @@ def main(argv):
     auth.flag_tls()       # checked before config_from_flags creates the workdir
     cfg = config_from_flags()
     where = (f"the hosts registered with {cfg.master}" if cfg.agents
+             else f"the nodes of the Ray cluster at {FLAGS.ray_address}" if cfg.ray
              else f"{cfg.num_hosts} simulated host(s)")
     print(f"antdt-launch: {cfg.num_ps} PS, {cfg.num_workers} workers on {where}; "
           f"workdir {cfg.workdir}", file=sys.stderr)
@@ -318,6 +347,11 @@ def main(argv):
             from antdt_tf.launcher.follow import follow
 
             report = follow(cfg, cfg.master)
+        elif cfg.ray:
+            from antdt_tf.launcher.ray_job import run_ray
+
+            report = run_ray(dataclasses.replace(cfg, num_hosts=FLAGS.num_hosts),
+                             FLAGS.ray_address)
         else:
             from antdt_tf.launcher.follow import run_local
 

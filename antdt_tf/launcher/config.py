@@ -56,14 +56,21 @@ class JobConfig:
     backend: str = "local"
     master: str = ""
     host_timeout_seconds: float = 10.0
+    ray_namespace: str = ""         # ray: the job's namespace
+    task_ports: str = ""            # ray: "FIRST-LAST" (empty: the backend's default)
     # local: the loopback address of every task, picked by the submitter (job -> list)
     addresses: dict = dataclasses.field(default_factory=dict)
 
     @property
     def agents(self) -> bool:
         """Real hosts whose agents registered with the master (else simulated hosts on
-        loopback, with the addresses the submitter picked)."""
+        loopback, with the addresses the submitter picked, or Ray nodes)."""
         return self.backend == "agents"
+
+    @property
+    def ray(self) -> bool:
+        """Ray nodes: every task an actor the master's RayBackend places."""
+        return self.backend == "ray"
 
     @property
     def slots(self) -> int:
@@ -118,7 +125,7 @@ def generate_data(workdir: pathlib.Path, train: int, held_out: int, seed: int):
 
 
 _ENUMS = {"api": ("custom_loop", "keras", "mts", "estimator"), "mode": ("async", "bsp"),
-          "data_path": ("pull", "closure"), "backend": ("local", "agents")}
+          "data_path": ("pull", "closure"), "backend": ("local", "agents", "ray")}
 _SKIP = ("workdir", "injections", "addresses", "progress", "master")
 
 
@@ -213,6 +220,31 @@ def check_spec(spec) -> None:
                              f"{shown(spec.workdir)}")
     if not spec.data:
         raise InvalidRequest("JobSpec.data is empty")
+    if spec.backend == "ray" and not spec.ray_namespace:
+        raise InvalidRequest("JobSpec.ray_namespace is empty (the ray backend names the "
+                             "job's actors there)")
+    if spec.task_ports:
+        task_port_range(spec.task_ports)
+
+
+def default_namespace(workdir) -> str:
+    """A job's Ray namespace: one per workdir, so a job and its actors find each other."""
+    import hashlib
+
+    return "antdt-" + hashlib.sha1(str(workdir).encode()).hexdigest()[:12]
+
+
+def task_port_range(text: str) -> tuple[int, int]:
+    """``"FIRST-LAST"`` as a port range; InvalidRequest when it is none."""
+    first, _, last = text.partition("-")
+    try:
+        lo, hi = int(first), int(last)
+    except ValueError:
+        raise InvalidRequest(f"task ports {shown(text)}: expected FIRST-LAST, e.g. "
+                             "23000-23999") from None
+    if not 1024 <= lo <= hi <= 65535:
+        raise InvalidRequest(f"task ports {shown(text)}: a range within 1024-65535")
+    return lo, hi
 
 
 def from_proto(spec) -> JobConfig:

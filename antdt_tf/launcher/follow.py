@@ -70,11 +70,14 @@ class _Follower:
 class EmbeddedMaster:
     """The ``antdt-master`` process of a local job, restarted on its state dir."""
 
-    def __init__(self, cfg: JobConfig, port: int, tf_rpc_port: int = 0, network=None):
+    def __init__(self, cfg: JobConfig, port: int, tf_rpc_port: int = 0, network=None,
+                 bind: str = "127.0.0.1", env: Optional[dict] = None):
         """``network``: the job's PrivateNetwork the master runs in (None: the machine's
-        loopback); the launcher then reaches it over a Unix socket."""
+        loopback); the launcher then reaches it over a Unix socket. ``bind``: the
+        address it serves on (beyond loopback: with the job's token and TLS, which
+        ``env`` — the master's whole environment, default this process's — carries)."""
         self.cfg, self.port, self.tf_rpc_port = cfg, port, tf_rpc_port
-        self.network = network
+        self.network, self.bind, self.env = network, bind, env
         self.proc: Optional[subprocess.Popen] = None
         self.restarts = 0
         self.log_path = cfg.workdir / "master.log"
@@ -90,7 +93,7 @@ class EmbeddedMaster:
     @property
     def address(self) -> str:
         """Where the job's own processes (in its network) reach the master."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.bind}:{self.port}"
 
     @property
     def client_address(self) -> str:
@@ -104,6 +107,7 @@ class EmbeddedMaster:
         port_file = cfg.workdir / "master.port"
         port_file.unlink(missing_ok=True)
         argv = [sys.executable, "-m", "antdt_tf.master", f"--port={self.port}",
+                f"--bind={self.bind}",
                  f"--port_file={port_file}", f"--state_dir={cfg.workdir / 'master'}",
                  f"--straggler_window_seconds={cfg.straggler_window_seconds}",
                  f"--straggler_slow_ratio={cfg.straggler_slow_ratio}",
@@ -117,7 +121,7 @@ class EmbeddedMaster:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                env=child_env())
+                env=child_env(self.env))
         wait_for_port_file(self.proc, port_file, timeout, "antdt-master", self.log_path)
 
     def kill(self) -> int:
@@ -264,10 +268,11 @@ def run_local(cfg: JobConfig, secure: bool = True, isolate: bool = True) -> dict
 
 
 @contextlib.contextmanager
-def job_security(tls_dir: pathlib.Path):
-    """A job token and a throw-away CA (in ``tls_dir``) in this process's environment,
-    which every process of the job inherits, while the job runs; what the environment
-    already has (the user's own token or certificates) is kept."""
+def job_security(tls_dir: pathlib.Path, hosts: tuple = ("127.0.0.1", "localhost")):
+    """A job token and a throw-away CA (in ``tls_dir``, its certificate valid for
+    ``hosts``) in this process's environment, which every process of the job inherits,
+    while the job runs; what the environment already has (the user's own token or
+    certificates) is kept."""
     import os
     import secrets
 
@@ -276,7 +281,7 @@ def job_security(tls_dir: pathlib.Path):
         if not os.environ.get(auth.TOKEN_ENV):
             os.environ[auth.TOKEN_ENV] = secrets.token_hex(32)
         if auth.TlsFiles.from_env() is None:
-            auth.make_job_ca(tls_dir).export()
+            auth.make_job_ca(tls_dir, hosts).export()
         yield
     finally:
         for k, v in saved.items():

@@ -82,6 +82,7 @@ class JobRunner:
         self.best_rate = 0.0     # the job's best records/s (every worker judged) so far
         self.batch_sizes: dict[int, int] = {}   # ADJUST_BS sizes in force (worker -> size)
         self.health: list = []             # the Monitor's latest TaskHealth list
+        self.joined_hosts: list[str] = []  # hosts that joined mid-job, not yet used
         self.trainer_records: list[int] = []   # records per worker, the chief's latest report
         # [seconds since training started, records of worker 0, 1, ...] every 0.5 s
         self.timeline: list[list] = []
@@ -109,10 +110,13 @@ class JobRunner:
         from antdt_tf.backends.local import LoopbackAgentsBackend
 
         cfg = self.cfg
-        directory = MasterRendezvous(self.master_address)
-        if cfg.agents:
-            self.backend = AgentsBackend(directory, host_timeout=cfg.host_timeout_seconds)
+        if cfg.ray:
+            self.backend = self._ray_backend()
+        elif cfg.agents:
+            self.backend = AgentsBackend(MasterRendezvous(self.master_address),
+                                         host_timeout=cfg.host_timeout_seconds)
         else:
+            directory = MasterRendezvous(self.master_address)
             self.backend = LoopbackAgentsBackend(directory, {
                 (job, i): int(a.rsplit(":", 1)[1]) for job, addresses in self.spec.items()
                 for i, a in enumerate(addresses)}, host_timeout=cfg.host_timeout_seconds)
@@ -120,9 +124,11 @@ class JobRunner:
         deadline = time.monotonic() + 120
         while len(hosts := self.backend.hosts()) < want:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(hosts)} of {want} hosts registered with the "
-                                   f"master at {self.master_address} within 120 s "
-                                   "(start antdt-agent --master=... on each host)")
+                raise RuntimeError(
+                    f"only {len(hosts)} of {want} hosts " + (
+                        "are alive nodes of the Ray cluster within 120 s" if cfg.ray else
+                        f"registered with the master at {self.master_address} within "
+                        "120 s (start antdt-agent --master=... on each host)"))
             time.sleep(0.2)
         self.host_names = sorted(h.name for h in hosts)
         self.placement = place(cfg.num_ps, len(self.spec["worker"]), len(self.host_names))
@@ -133,13 +139,45 @@ class JobRunner:
                     + ", ".join(f"{n} ({h.address})" for n, h in
                                 sorted((h.name, h) for h in hosts)))
 
+    def _ray_backend(self):
+        """The job's actors on the Ray cluster this master is a driver of (``RAY_ADDRESS``,
+        set by the master's own actor; else the cluster of this machine)."""
+        import os
+        import pathlib
+
+        from antdt_tf.backends.ray import DEFAULT_TASK_PORTS, RayBackend
+        from antdt_tf.launcher.config import task_port_range
+
+        cfg = self.cfg
+        data = {str(pathlib.Path(p).resolve().parent) for p in (cfg.data, cfg.eval_data) if p}
+        return RayBackend(
+            cfg.ray_namespace, os.environ.get("RAY_ADDRESS", "auto"),
+            log_dir=str(cfg.workdir / "ray"),
+            job_roots=tuple(str(r) for r in (cfg.workdir, cfg.checkpoint_dir) if r),
+            read_roots=tuple(sorted(data)), estimator_python=cfg.estimator_python,
+            task_ports=(task_port_range(cfg.task_ports) if cfg.task_ports
+                        else DEFAULT_TASK_PORTS))
+
     def host_name(self, host: int) -> str:
         return self.host_names[host]
 
     def live_hosts(self) -> list[int]:
-        """Indices of the hosts that are not lost."""
-        live = {h.name for h in self.backend.hosts()}
+        """Indices of the hosts that are not lost (hosts that joined meanwhile are added
+        to the job's hosts, :meth:`_note_joined`)."""
+        hosts = self.backend.hosts()
+        self._note_joined(hosts)
+        live = {h.name for h in hosts}
         return [i for i, n in enumerate(self.host_names) if n in live]
+
+    def _note_joined(self, hosts) -> None:
+        """Hosts the cluster gained since the job started (a Ray node added, an agent
+        registered): they become the job's, and a job with worker slots to spare
+        (``--max_workers``) scales out onto them (:meth:`_control`)."""
+        new = sorted(h.name for h in hosts if h.name not in self.host_names)
+        if new:
+            self.host_names.extend(new)
+            self.joined_hosts.extend(new)
+            self._event(f"host(s) joined: {', '.join(new)}")
 
     def task_name(self, job: str, index: int):
         """The launch of ``job:index`` that serves (a standby waiting to take over is a
@@ -336,6 +374,16 @@ class JobRunner:
             self._follow(act, records, now)
         if any(a.pending for a in self.actions):
             return     # one disruptive action at a time
+        self.live_hosts()
+        if self.joined_hosts and not self.cfg.tf1:
+            hosts, self.joined_hosts = self.joined_hosts, []
+            n = min(len(self.spec["worker"]), self.active_workers + len(hosts))
+            if n > self.active_workers:
+                from antdt_tf.controller import ScaleWorkers
+
+                self._scale(ScaleWorkers(num_workers=n, reason=f"host(s) {', '.join(hosts)} "
+                                         "joined the cluster"), onto=hosts)
+                return
         name = {v: k.lower() for k, v in cpb.TaskHealth.StragglerClass.items()}
         views = [TaskView(h.task.job, h.task.index,
                           name.get(h.straggler_class, "unknown").replace(
@@ -375,6 +423,7 @@ class JobRunner:
         workers, then the least busy (its load per CPU)."""
         from antdt_tf.backends import Placement
 
+        self.live_hosts()               # hosts that joined count too
         tasks = {n: 0 for n in self.host_names}
         for (j, _), h in self.placement.items():
             if j in ("ps", "worker"):
@@ -423,6 +472,14 @@ class JobRunner:
             endpoint=self.backend.endpoint(job, index, self.host_name(dst)),
             chief_restarts=self.restarts.get(("chief", 0), 0)))
 
+    def _least_loaded_host(self) -> int:
+        """The live host with the fewest of the job's running PS and workers."""
+        tasks = {n: 0 for n in self.host_names}
+        for (j, i), h in self.placement.items():
+            if j == "ps" or (j == "worker" and i < self.active_workers):
+                tasks[self.host_names[h]] += 1
+        return self.host_names.index(self.backend.place(load=tasks))
+
     def _adjust_batch_sizes(self, action) -> None:
         """ADJUST_BS: the master hands the sizes out with each worker's next lease."""
         from antdt_tf.sharding.client import ShardingClient
@@ -437,9 +494,11 @@ class JobRunner:
 
         self.actions.append(ActionRun(action, ev["t"], time.monotonic()))
 
-    def _scale(self, action) -> None:
+    def _scale(self, action, onto: tuple = ()) -> None:
         """Scale out: the new workers stand by first (:meth:`_follow` switches when all
-        are ready). Scale in: switch at once."""
+        are ready), on the hosts ``onto`` (hosts that joined), else — where a task's
+        address depends on its host — on the hosts with the fewest of the job's tasks.
+        Scale in: switch at once."""
         n, slots = action.num_workers, len(self.spec["worker"])
         if not 1 <= n <= slots or n == self.active_workers:
             self._event(f"controller: ScaleWorkers to {n} ignored (slots: {slots}, "
@@ -451,7 +510,11 @@ class JobRunner:
         from antdt_tf.controller.execution import ActionRun
 
         ready = []
-        for i in range(self.active_workers, n):
+        for k, i in enumerate(range(self.active_workers, n)):
+            if onto:
+                self.placement["worker", i] = self.host_names.index(onto[k % len(onto)])
+            elif not self.backend.capabilities.stable_endpoints:
+                self.placement["worker", i] = self._least_loaded_host()
             self.standby_count += 1
             ready.append(self.cfg.workdir / f"standby-worker{i}-{self.standby_count}")
             self.start_task("worker", i, standby_file=str(ready[-1]))
@@ -804,6 +867,9 @@ class JobRunner:
                     self.stop_task(j, i, grace_seconds=5)
                 except AntdtError:
                     pass
+        release = getattr(self.backend, "release_all", None)
+        if release is not None:      # Ray: no actor of the job outlives it
+            release()
         self.backend.close()
 
     # ------------------------------------------------------------------ restart
