@@ -23,10 +23,9 @@ from typing import Callable, Optional
 
 from antdt_tf.agent.client import AgentClient
 from antdt_tf.backends.base import (Capabilities, ClusterBackend, Failure, FailureKind, Host,
-                                    TaskInfo, TaskName, TaskSpec, TaskState, classify_exit,
-                                    latest)
-from antdt_tf.errors import (AntdtError, StaleGeneration, TaskAlreadyRunning, Unschedulable,
-                             UnknownTask)
+                                    TaskInfo, TaskName, TaskSpec, TaskState, admit_launch,
+                                    classify_exit, latest)
+from antdt_tf.errors import AntdtError, StaleGeneration, Unschedulable, UnknownTask
 from antdt_tf.proto import cluster_pb2 as cpb
 
 log = logging.getLogger(__name__)
@@ -224,20 +223,9 @@ class AgentsBackend(ClusterBackend):
 
     def launch(self, spec: TaskSpec, host: str, allow_overlap: bool = False) -> TaskInfo:
         key = spec.name.key
-        known = self.tasks().get(key)
-        if known is not None:
-            if spec.name.generation < known.name.generation:
-                raise StaleGeneration(f"launch of {spec.name}: generation "
-                                      f"{known.name.generation} of the task exists "
-                                      f"(on {known.host})")
-            if spec.name.generation == known.name.generation:
-                if known.host != host:
-                    raise StaleGeneration(f"{spec.name} was launched on {known.host}, "
-                                          f"not {host}")
-                return known          # idempotent: the same launch
-            if known.running and not allow_overlap:
-                raise TaskAlreadyRunning(f"{known.name} still runs on {known.host}; stop it "
-                                         f"before launching {spec.name}")
+        same = admit_launch(self.tasks().get(key), spec, host, allow_overlap)
+        if same is not None:
+            return same               # idempotent: the same launch
         status = self._agent_of(host).start(
             spec.name.job, spec.name.index, spec.program, spec.args,
             generation=spec.name.generation, endpoint=spec.endpoint,

@@ -26,7 +26,7 @@ import dataclasses
 import enum
 from typing import Optional, Sequence
 
-from antdt_tf.errors import Unschedulable
+from antdt_tf.errors import StaleGeneration, TaskAlreadyRunning, Unschedulable
 
 
 class TaskState(enum.Enum):
@@ -249,3 +249,24 @@ def latest(infos: Sequence[TaskInfo]) -> dict[tuple[str, int], TaskInfo]:
                                                                    old.running):
             out[info.name.key] = info
     return out
+
+
+def admit_launch(known: Optional[TaskInfo], spec: TaskSpec, host: str,
+                 allow_overlap: bool) -> Optional[TaskInfo]:
+    """The launch rules of every backend, given the task's newest launch ``known``: the
+    same launch again is that launch (idempotent; returned), an older generation is
+    refused (StaleGeneration), and so is a newer one while the old one runs
+    (TaskAlreadyRunning) unless ``allow_overlap``. None: the launch may go ahead."""
+    if known is None:
+        return None
+    if spec.name.generation < known.name.generation:
+        raise StaleGeneration(f"launch of {spec.name}: generation {known.name.generation} "
+                              f"of the task exists (on {known.host})")
+    if spec.name.generation == known.name.generation:
+        if known.host != host:
+            raise StaleGeneration(f"{spec.name} was launched on {known.host}, not {host}")
+        return known
+    if known.running and not allow_overlap:
+        raise TaskAlreadyRunning(f"{known.name} still runs on {known.host}; stop it before "
+                                 f"launching {spec.name}")
+    return None
