@@ -18,6 +18,26 @@ def train_progress(admin):
         return None
 
 
+def wait_for_records(master: str, launcher, count: int, timeout: float = 300) -> None:
+    """Returns once the master at ``master`` counts ``count`` records done (the job
+    registered and trained that far) while ``launcher`` runs: a trigger on progress, not
+    on time."""
+    from antdt_tf.errors import AntdtError
+    from antdt_tf.sharding.client import ShardingClient
+
+    with ShardingClient(master, timeout=10) as admin:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert launcher.poll() is None, "the launcher ended first"
+            assert time.monotonic() < deadline, f"{count} records not done in {timeout:g} s"
+            try:
+                if admin.progress("train").datasets[0].records_done_total >= count:
+                    return
+            except AntdtError:
+                pass            # not registered yet, or the master restarting
+            time.sleep(0.1)
+
+
 def write_data(tmp_path, num_records: int, eval_records: int, seed: int):
     """``(train, held_out)`` record files from one hidden model."""
     data, held_out = tmp_path / "train.adtr", tmp_path / "eval.adtr"

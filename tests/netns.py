@@ -180,7 +180,8 @@ def job_security(directory, setenv) -> None:
     from antdt_tf import auth
 
     setenv(auth.TOKEN_ENV, secrets.token_hex(16))
-    hosts = [BRIDGE_ADDRESS, *(f"{SUBNET}.{10 + i}" for i in range(16)), "127.0.0.1"]
+    hosts = [BRIDGE_ADDRESS, *(f"{SUBNET}.{10 + i}" for i in range(16)), "127.0.0.1",
+             "localhost"]          # localhost: a local job's master over its Unix socket
     tls = auth.make_job_ca(directory, hosts=hosts)
     for name, var in auth.TLS_ENV.items():
         setenv(var, getattr(tls, name))

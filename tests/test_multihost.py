@@ -18,6 +18,7 @@ import time
 import pytest
 
 import netns
+from jobs import wait_for_records
 
 pytestmark = pytest.mark.slow
 LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
@@ -40,24 +41,6 @@ def launch_cmd(tmp_path, master, *flags, records):
             "--batch_size=128", "--buckets=4096", "--audit", "--host_timeout_seconds=3",
             "--checkpoint_every_seconds=2", f"--workdir={tmp_path / 'job'}",
             f"--report_json={tmp_path / 'report.json'}", "--timeout_seconds=400", *flags]
-
-
-def wait_for_records(master: str, count: int, launcher) -> None:
-    """Returns once the master counts ``count`` records done (the job registered and
-    trained that far) — triggers on progress, not on time."""
-    from antdt_tf.errors import AntdtError
-    from antdt_tf.sharding.client import ShardingClient
-
-    with ShardingClient(master, timeout=10) as admin:
-        deadline = time.monotonic() + 300
-        while True:
-            assert launcher.poll() is None and time.monotonic() < deadline
-            try:
-                if admin.progress("train").datasets[0].records_done_total >= count:
-                    return
-            except AntdtError:
-                pass            # not registered yet, or the master restarting
-            time.sleep(0.1)
 
 
 def finish(proc, tmp_path):
@@ -89,7 +72,7 @@ def test_losing_a_host_relaunches_its_tasks_elsewhere_exactly_once(hosts, tmp_pa
                                        "--policy=dynamic", records=records),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for_records(master, records // 3, proc)   # progress, not time
+        wait_for_records(master, proc, records // 3)   # progress, not time
         lost = net.kill_host(0)
         assert len(lost) >= 4        # agent, chief, ps:0, worker:1
     except BaseException:
@@ -136,7 +119,7 @@ def test_the_master_killed_and_restarted_mid_job_launches_nothing_twice(hosts, t
                                        "--policy=dynamic", records=records),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for_records(master, records // 3, proc)
+        wait_for_records(master, proc, records // 3)
         old = net.procs[0]                       # the master, started first
         old.kill()
         old.wait()
@@ -167,7 +150,7 @@ def test_the_job_goes_on_without_the_launcher(hosts, tmp_path):
                                        "--policy=dynamic", records=records),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for_records(master, records // 3, proc)
+        wait_for_records(master, proc, records // 3)
     finally:
         proc.kill()                  # the launcher we started
         proc.wait()
