@@ -31,10 +31,8 @@ the tasks. A fresh master and agents per job.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +43,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import netns  # noqa: E402  (the namespace hosts the tests use)
 
+from benchmarks.jobs import (MONITOR, SCENARIO2, launch, report,  # noqa: E402
+                            scenario2_table, time_to_resume, wait_for_records)
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("records", 600_000, "Training records of the scenario-2 jobs.")
 flags.DEFINE_integer("loss_records", 600_000, "Training records of the host-loss job.")
@@ -52,36 +53,15 @@ flags.DEFINE_integer("move_records", 1_200_000, "Training records of the move jo
                      "enough for the moved worker to train again before the end).")
 flags.DEFINE_string("out", "benchmarks/results/multihost.md", "Results table (markdown).")
 
-LAUNCH = [sys.executable, "-m", "antdt_tf.launch"]
-MONITOR = ("--straggler_window_seconds=4", "--straggler_persistent_after_seconds=4")
-
-
-def _launch(workdir: pathlib.Path, data: str, *flags_: str) -> subprocess.Popen:
-    cmd = LAUNCH + [f"--data={data}", "--eval_data=", "--audit", "--progress=false",
-                    "--checkpoint_every_seconds=5", f"--workdir={workdir}",
-                    f"--report_json={workdir / 'report.json'}", "--timeout_seconds=600",
-                    *flags_]
-    log = open(workdir.parent / f"{workdir.name}.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
-
-
-def _report(proc: subprocess.Popen, workdir: pathlib.Path) -> dict:
-    proc.wait(900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"job failed; see {workdir.parent / (workdir.name + '.log')}")
-    return json.loads((workdir / "report.json").read_text())
-
-
 def scenario2(tmp: pathlib.Path, data: str, backend: str, policy: str) -> dict:
     workdir = tmp / f"s2-{backend}-{policy}"
-    common = ["--num_ps=1", "--num_workers=3", f"--policy={policy}", *MONITOR,
-              "--relaunch_cost_seconds=10", "--inject=slow:worker:2:x4@3s"]
+    common = [*SCENARIO2, f"--policy={policy}"]
     if backend == "local":
-        return _report(_launch(workdir, data, *common), workdir)
+        return report(launch(workdir, data, *common), workdir)
     with netns.NetnsHosts(3) as net:
         master = netns.start_antdt_cluster(net, tmp / f"cluster-{backend}-{policy}", *MONITOR,
                                               job_root=tmp)
-        return _report(_launch(workdir, data, "--backend=agents", f"--master={master}",
+        return report(launch(workdir, data, "--backend=agents", f"--master={master}",
                                "--num_hosts=3", *common), workdir)
 
 
@@ -93,11 +73,11 @@ def move(tmp: pathlib.Path, data: str, backend: str) -> dict:
               "--relaunch_cost_seconds=1", "--min_gain_seconds=0.5",
               "--inject=slow:worker:2:x4@0s"]
     if backend == "local":
-        return _report(_launch(workdir, data, *common), workdir)
+        return report(launch(workdir, data, *common), workdir)
     with netns.NetnsHosts(3) as net:
         master = netns.start_antdt_cluster(net, tmp / f"cluster-move-{backend}", *monitor,
                                               job_root=tmp)
-        return _report(_launch(workdir, data, "--backend=agents", f"--master={master}",
+        return report(launch(workdir, data, "--backend=agents", f"--master={master}",
                                "--num_hosts=3", *common), workdir)
 
 
@@ -107,46 +87,15 @@ def host_loss(tmp: pathlib.Path, data: str, records: int) -> dict:
     workdir = tmp / "loss"
     with netns.NetnsHosts(3) as net:
         master = netns.start_antdt_cluster(net, tmp / "cluster-loss", job_root=tmp)
-        proc = _launch(workdir, data, "--backend=agents", f"--master={master}",
+        proc = launch(workdir, data, "--backend=agents", f"--master={master}",
                        "--num_hosts=3", "--num_ps=2", "--num_workers=2", "--policy=dynamic",
                        "--host_timeout_seconds=3")
-        samples: list[tuple[float, int]] = []
         with ShardingClient(master, timeout=10) as admin:
-            while proc.poll() is None:
-                try:
-                    done = admin.progress("train").datasets[0].records_done_total
-                except Exception:     # not registered yet, or a slow answer
-                    time.sleep(0.1)
-                    continue
-                samples.append((time.monotonic(), done))
-                if done >= records // 3:
-                    break
-                time.sleep(0.05)
-            killed_at, at_kill = time.monotonic(), samples[-1][1]
+            killed_at, at_kill = wait_for_records(admin, proc, records // 3)
             net.kill_host(0)
-            # the surviving worker may still report its closure; then the restarted chief
-            # restores the last checkpoint (the count drops back to it): training has
-            # resumed when the count grows again after that drop
-            prev, high, low, resumed = at_kill, at_kill, None, None
-            while proc.poll() is None and resumed is None:
-                try:
-                    done = admin.progress("train").datasets[0].records_done_total
-                except Exception:
-                    time.sleep(0.1)
-                    continue
-                if low is None:
-                    high = max(high, done)
-                    if done < prev:
-                        low = done
-                elif done < low:
-                    low = done
-                elif done > low:
-                    resumed = time.monotonic()
-                prev = done
-                time.sleep(0.05)
-        report = _report(proc, workdir)
-    return {"report": report, "resumed_after_s": (resumed - killed_at) if resumed else None,
-            "redone_records": (high - low) if low is not None else 0, "at_kill": at_kill}
+            resumed = time_to_resume(admin, proc, at_kill, killed_at)
+        rep = report(proc, workdir)
+    return {"report": rep, "at_kill": at_kill, **resumed}
 
 
 def main(argv):
@@ -189,22 +138,8 @@ def main(argv):
              f"| JCT | {r['jct_seconds']:.1f} s |",
              f"| audit | applied once: {r['audit']['applied_1']:,} of {r['records']:,}, "
              f"0x: {r['audit']['applied_0']}, 2+x: {r['audit']['applied_2plus']} |", "",
-             "## Scenario 2 (persistent worker straggler) per backend", "",
-             "| backend | policy | JCT (s) | vs static | move: start-up (s) | move: "
-             "old killed -> new trains (s) | audit exact |", "|---|---|---|---|---|---|---|"]
-    for backend in ("local", "agents"):
-        static = rows[backend, "static"]["jct_seconds"]
-        for policy in ("static", "antdt-nd"):
-            rep = rows[backend, policy]
-            relaunches = [a for a in rep["actions"] if a["action"] == "RelaunchWorker"]
-            start = "; ".join(f"{a.get('standby_seconds', float('nan')):.1f}"
-                              for a in relaunches)
-            back = "; ".join(f"{a.get('recovered_after_s', float('nan')):.1f}"
-                             for a in relaunches)
-            exact = rep["audit"]["applied_1"] == rep["records"]
-            lines.append(f"| {backend} | {policy} | {rep['jct_seconds']:.1f} | "
-                         f"{static / rep['jct_seconds']:.2f}x | {start or '-'} | "
-                         f"{back or '-'} | {'yes' if exact else 'NO'} |")
+             "## Scenario 2 (persistent worker straggler) per backend", ""]
+    lines += scenario2_table(rows, ("local", "agents"))
     lines += ["", "## What a move costs", "",
               "| backend | action | start-up beside the old one (s) | old killed -> new trains (s) "
               "| JCT (s) | audit exact |", "|---|---|---|---|---|---|"]
