@@ -7,7 +7,7 @@ STAMP := $(VENV)/.antdt-installed
 PROTOC_VENV := .venv-protoc
 PROTOC_STAMP := $(PROTOC_VENV)/.installed
 
-.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-multihost bench-compare bench-step-cost bench-scenarios bench-peer protos bazel-test clean
+.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-multihost bench-ray bench-compare bench-step-cost bench-scenarios bench-peer protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): setup.py
 	# tensorflow-cpu (older checkouts) and tensorflow share files: remove it before
 	# installing tensorflow, never after
 	if $(PY) -m pip show -q tensorflow-cpu 2>/dev/null; then $(PY) -m pip uninstall -q -y tensorflow-cpu; fi
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,tf]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,tf,ray]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -99,6 +99,11 @@ bench-peer: $(STAMP)
 # scenario 2 on the agents backend beside the local one (6 whole jobs; a few minutes).
 bench-multihost: $(STAMP)
 	$(PY) -m benchmarks.multihost --out benchmarks/results/multihost.md
+
+# Jobs on a three-node Ray cluster on this machine: node loss -> training again, and
+# scenario 2 on the Ray backend beside the local one (5 whole jobs; a few minutes).
+bench-ray: $(STAMP)
+	$(PY) -m benchmarks.ray_backend --out benchmarks/results/ray.md
 
 bench-compare: $(STAMP)
 	$(PY) -m benchmarks.compare_pss --rounds=5 --setups=abcs --out benchmarks/results/compare_pss.md

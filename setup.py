@@ -39,6 +39,8 @@ setup(
             "hypothesis>=6.100",
         ],
         "bench": ["matplotlib>=3.8"],   # timelines of benchmarks/scenarios.py
+        # the Ray backend (antdt-launch --backend=ray); the same Ray on every node
+        "ray": ["ray==2.60.0"],
     },
     entry_points={
         "console_scripts": [

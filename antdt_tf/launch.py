@@ -176,6 +176,12 @@ def config_from_flags() -> JobConfig:
         raise app.UsageError("--master goes with --backend=agents (the local and ray "
                              "backends start their own master)")
     if FLAGS.backend == "ray":
+        if os.environ.get("RAY_AUTH_MODE", "token") == "token" and not (
+                os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+                or os.path.exists(os.path.expanduser("~/.ray/auth_token"))):
+            raise app.UsageError("--backend=ray: the Ray cluster's token is not set; export "
+                                 "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) as on the "
+                                 "cluster's nodes (docs/ray.md)")
         if FLAGS.api != "custom_loop":
             raise app.UsageError("--backend=ray runs --api=custom_loop jobs for now "
                                  "(docs/ray.md)")
@@ -358,7 +364,8 @@ def main(argv):
             report = run_local(cfg, secure=FLAGS.local_security,
                                isolate=FLAGS.private_network)
     except (RuntimeError, TimeoutError, AntdtError) as e:
-        print(f"antdt-launch: the job failed: {e}\n  logs: {cfg.workdir}/host*/", file=sys.stderr)
+        logs = cfg.workdir / ("ray/*/" if cfg.ray else "host*/")
+        print(f"antdt-launch: the job failed: {e}\n  logs: {logs}", file=sys.stderr)
         return exitcodes.FAILED
     print(summary_table(report))
     if FLAGS.report_json:

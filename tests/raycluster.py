@@ -8,12 +8,32 @@ outlives the cluster's shutdown is SIGKILLed by PID."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
 
 NODE_ARGS = dict(num_cpus=1, node_ip_address="127.0.0.1", object_store_memory=80 << 20,
                  min_worker_port=12000, max_worker_port=12999)
+
+
+def set_session_env() -> None:
+    """Ray's settings for every cluster and driver of this process and its children:
+    token authentication, 127.0.0.1 and fast node-death detection. Ray reads them when
+    first imported, so this runs before anything imports Ray (tests/conftest.py)."""
+    import atexit
+    import secrets
+    import shutil
+    import tempfile
+
+    from antdt_tf.backends.ray_settings import FAST_HEALTH_CHECKS, RAY_ENV
+
+    if "ray" in sys.modules:
+        raise RuntimeError("Ray was imported before its settings were made")
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")       # short: Ray's socket paths
+    os.environ.update(RAY_ENV, **FAST_HEALTH_CHECKS, RAY_AUTH_TOKEN=secrets.token_hex(16),
+                      RAY_TMPDIR=tmp)
+    atexit.register(shutil.rmtree, tmp, True)
 
 
 def available() -> tuple[bool, str]:

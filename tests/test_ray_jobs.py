@@ -17,9 +17,10 @@ import time
 
 import pytest
 
+import jobs
 import raycluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
 
 
@@ -53,23 +54,6 @@ def master_address(tmp_path, proc) -> str:
     return f"127.0.0.1:{int(port_file.read_text())}"
 
 
-def wait_for_records(tmp_path, proc, count: int) -> None:
-    """Returns once the master counts ``count`` records done."""
-    from antdt_tf.errors import AntdtError
-    from antdt_tf.sharding.client import ShardingClient
-
-    with ShardingClient(master_address(tmp_path, proc), timeout=10) as admin:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline
-            try:
-                if admin.progress("train").datasets[0].records_done_total >= count:
-                    return
-            except AntdtError:
-                pass            # not registered yet
-            time.sleep(0.1)
-
-
 def finish(proc, tmp_path):
     out, _ = proc.communicate(timeout=450)
     assert proc.returncode == 0, out[-6000:]
@@ -99,53 +83,47 @@ def test_a_job_trains_on_three_nodes_exactly_once_through_a_master_restart(clust
 
 
 def test_losing_a_node_brings_its_tasks_back_on_the_others_exactly_once(cluster, tmp_path):
-    """Node h1 (its raylet and every process on it: actors and their TF tasks) dies at a
-    third of the job; Ray declares its actors dead with the node, the master relaunches
-    them on h0/h2 (new addresses: the chief restarts with the new cluster and
-    restores)."""
+    """Node h1 (its raylet and every process on it: the actors of ps:1 and worker:2 and
+    their TF tasks) dies at a third of the job; Ray declares its actors dead with the
+    node, the master relaunches them on h0/h2 (new addresses: the chief restarts with
+    the new cluster and restores)."""
     records = 300_000
-    proc = launch(cluster, tmp_path, "--num_ps=2", "--num_workers=2", "--policy=dynamic",
+    proc = launch(cluster, tmp_path, "--num_ps=2", "--num_workers=3", "--policy=dynamic",
                   records=records)
     try:
-        wait_for_records(tmp_path, proc, records // 3)
+        jobs.wait_for_records(master_address(tmp_path, proc), proc, records // 3)
         cluster.lose("h1")
     except BaseException:
         proc.kill()
         raise
     report, out = finish(proc, tmp_path)
     assert "h1" not in report["hosts"].values(), report["hosts"]
-    lost = [ev for ev in report["failures"] if "host lost" in ev.get("failure", "")]
-    assert lost, report["failures"]
-    for ev in lost:
-        assert report["restarts"].get(ev["task"].replace("coordinator", "chief:0"), 0) >= 1
+    lost = {ev["task"] for ev in report["failures"] if "host lost" in ev.get("failure", "")}
+    assert lost == {"ps:1", "worker:2"}, report["failures"]
+    assert report["restarts"]["ps:1"] == report["restarts"]["worker:2"] == 1
     assert report["coordinator"]["restored_from"]
     exact(report)
 
 
-def test_a_persistent_straggler_moves_to_another_node_exactly_once(cluster, tmp_path):
-    proc = launch(cluster, tmp_path, "--num_ps=1", "--num_workers=2", "--policy=antdt-nd",
-                  "--relaunch_cost_seconds=1", "--inject=slow:worker:1:x4@0s",
-                  records=400_000)
+@pytest.mark.parametrize("flags, action, task", [
+    (("--num_ps=1", "--relaunch_cost_seconds=1", "--inject=slow:worker:1:x4@0s"),
+     "RelaunchWorker", ("worker", 1)),
+    (("--num_ps=2", "--replace_ps_cost_seconds=1", "--inject=slow:ps:0:x3@0s"),
+     "ReplacePs", ("ps", 0)),
+], ids=["persistent-worker-straggler", "slow-ps"])
+def test_antdt_nd_moves_a_straggler_to_another_node_exactly_once(cluster, tmp_path, flags,
+                                                                 action, task):
+    """A persistent worker straggler is relaunched, a slow PS replaced, on another node
+    (a new address: the chief restarts with the new cluster and restores)."""
+    proc = launch(cluster, tmp_path, "--num_workers=2", "--policy=antdt-nd", *flags,
+                  records=400_000 if task[0] == "worker" else 300_000)
     report, out = finish(proc, tmp_path)
-    moves = [a for a in report["actions"] if a["action"] == "RelaunchWorker"]
-    assert len(moves) == 1, (report["actions"], report["health"], report["events"])
-    act = moves[0]
-    assert (act["job"], act["index"]) == ("worker", 1) and act["from_host"] != act["to_host"]
-    assert "recovered_after_s" in act
-    assert report["restarts"].get("chief:0", 0) >= 1 and report["coordinator"]["restored_from"]
-    exact(report)
-
-
-def test_a_slow_ps_is_replaced_on_another_node_exactly_once(cluster, tmp_path):
-    proc = launch(cluster, tmp_path, "--num_ps=2", "--num_workers=2", "--policy=antdt-nd",
-                  "--replace_ps_cost_seconds=1", "--inject=slow:ps:0:x3@0s",
-                  records=300_000)
-    report, out = finish(proc, tmp_path)
-    acts = [a for a in report["actions"] if a["action"] == "ReplacePs"]
+    acts = [a for a in report["actions"] if a["action"] == action]
     assert len(acts) == 1, (report["actions"], report["health"], report["events"])
     act = acts[0]
-    assert (act["job"], act["index"]) == ("ps", 0) and act["from_host"] != act["to_host"]
-    assert report["coordinator"]["restored_from"]
+    assert (act["job"], act["index"]) == task and act["from_host"] != act["to_host"]
+    assert "recovered_after_s" in act
+    assert report["restarts"].get("chief:0", 0) >= 1 and report["coordinator"]["restored_from"]
     exact(report)
 
 
@@ -158,7 +136,7 @@ def test_a_node_added_mid_job_gets_a_worker(cluster, tmp_path):
     proc = launch(cluster, tmp_path, "--num_ps=1", "--num_workers=2", "--max_workers=3",
                   "--policy=dynamic", records=records)
     try:
-        wait_for_records(tmp_path, proc, records // 10)
+        jobs.wait_for_records(master_address(tmp_path, proc), proc, records // 10)
         cluster.add("h3")
     except BaseException:
         proc.kill()

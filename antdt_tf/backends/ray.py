@@ -27,9 +27,9 @@ Ray's settings that matter (set them explicitly; docs/ray.md):
 - the address a node advertises: ``ray start --node-ip-address=<the host's cluster
   address>`` (tests: 127.0.0.1; never a machine's LAN address by accident);
 - authentication: ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` on every node and
-  driver (:data:`RAY_ENV`);
+  driver (``ray_settings.RAY_ENV``);
 - no dashboard (``--include-dashboard=false``), no usage stats;
-- how fast a dead node is noticed: ``RAY_health_check_*`` (:data:`FAST_HEALTH_CHECKS`).
+- how fast a dead node is noticed: ``RAY_health_check_*`` (``ray_settings.FAST_HEALTH_CHECKS``).
 
 Ray pickles its own calls; what antdt-tf sends through them is typed (serialized
 ``antdt.v1`` messages), as on every other path.
@@ -46,8 +46,7 @@ import threading
 import time
 from typing import Optional
 
-from antdt_tf.backends.ray_settings import (DEFAULT_TASK_PORTS, FAST_HEALTH_CHECKS,  # noqa: F401
-                                            HOST_LABEL, RAY_ENV)
+from antdt_tf.backends.ray_settings import DEFAULT_TASK_PORTS, HOST_LABEL, RAY_ENV
 
 for _k, _v in RAY_ENV.items():     # before Ray's import (ray_settings says why)
     os.environ.setdefault(_k, _v)
@@ -56,10 +55,9 @@ import ray  # noqa: E402 (after its settings)
 
 from antdt_tf.agent.client import start_request
 from antdt_tf.backends.base import (Capabilities, ClusterBackend, Failure, FailureKind, Host,
-                                    TaskInfo, TaskName, TaskSpec, TaskState, classify_exit,
-                                    latest)
-from antdt_tf.errors import (AntdtError, StaleGeneration, TaskAlreadyRunning, UnknownTask,
-                             Unschedulable)
+                                    TaskInfo, TaskName, TaskSpec, TaskState, admit_launch,
+                                    classify_exit, latest)
+from antdt_tf.errors import AntdtError, StaleGeneration, UnknownTask, Unschedulable
 from antdt_tf.proto import cluster_pb2 as cpb
 
 log = logging.getLogger(__name__)
@@ -272,6 +270,12 @@ class RayBackend(ClusterBackend):
         node = self._node(host)
         with self._lock:
             before = self._endpoints.get((job, index))
+            if before is None:         # a restarted master: the task's newest launch
+                launches = sorted((n.generation, i.host, i.endpoint)
+                                  for n, i in self._last.items()
+                                  if n.key == (job, index) and i.endpoint)
+                if launches:
+                    before = self._endpoints[job, index] = launches[-1][1:]
             if before is not None and before[0] == host:
                 return before[1]
             used = {int(e.rsplit(":", 1)[1]) for _, e in self._endpoints.values()
@@ -388,20 +392,9 @@ class RayBackend(ClusterBackend):
 
     def launch(self, spec: TaskSpec, host: str, allow_overlap: bool = False) -> TaskInfo:
         key = spec.name.key
-        known = self.tasks().get(key)
-        if known is not None:
-            if spec.name.generation < known.name.generation:
-                raise StaleGeneration(f"launch of {spec.name}: generation "
-                                      f"{known.name.generation} of the task exists "
-                                      f"(on {known.host})")
-            if spec.name.generation == known.name.generation:
-                if known.host != host:
-                    raise StaleGeneration(f"{spec.name} was launched on {known.host}, "
-                                          f"not {host}")
-                return known          # idempotent: the same launch
-            if known.running and not allow_overlap:
-                raise TaskAlreadyRunning(f"{known.name} still runs on {known.host}; stop it "
-                                         f"before launching {spec.name}")
+        same = admit_launch(self.tasks().get(key), spec, host, allow_overlap)
+        if same is not None:
+            return same               # idempotent: the same launch
         node = self._node(host)
         self._release_ended(key)
         actor = remote_class(TaskActor).options(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import signal
 from typing import Optional
 
 import ray
@@ -67,7 +68,7 @@ class MasterActor:
 
     def _kill_now(self) -> None:
         if self.master.proc is not None and self.master.proc.poll() is None:
-            self.master._signal(9)
+            self.master._signal(signal.SIGKILL)
 
     def start(self) -> str:
         self._spawner.submit(self.master.start).result()
