@@ -101,3 +101,13 @@ def time_to_resume(admin, proc, at_fault: int, fault_at: float) -> dict:
         time.sleep(0.05)
     return {"resumed_after_s": (resumed - fault_at) if resumed else None,
             "redone_records": (high - low) if low is not None else 0}
+
+
+def recovery_rows(loss: dict) -> list[str]:
+    """Markdown rows of a fault's cost: records trained again, JCT, the audit."""
+    r = loss["report"]
+    return [f"| records trained again (since the restored checkpoint) | "
+            f"{loss['redone_records']:,} |",
+            f"| JCT | {r['jct_seconds']:.1f} s |",
+            f"| audit | applied once: {r['audit']['applied_1']:,} of {r['records']:,}, "
+            f"0x: {r['audit']['applied_0']}, 2+x: {r['audit']['applied_2plus']} |"]

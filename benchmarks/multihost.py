@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 import netns  # noqa: E402  (the namespace hosts the tests use)
 
 from benchmarks.jobs import (MONITOR, SCENARIO2, launch, report,  # noqa: E402
-                            scenario2_table, time_to_resume, wait_for_records)
+                            recovery_rows, scenario2_table, time_to_resume,
+                            wait_for_records)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("records", 600_000, "Training records of the scenario-2 jobs.")
@@ -133,11 +134,7 @@ def main(argv):
              f"| kill -> the master counts new records | "
              f"{loss['resumed_after_s']:.1f} s |" if loss["resumed_after_s"] else
              "| kill -> the master counts new records | (not seen) |",
-             f"| records trained again (since the restored checkpoint) | "
-             f"{loss['redone_records']:,} |",
-             f"| JCT | {r['jct_seconds']:.1f} s |",
-             f"| audit | applied once: {r['audit']['applied_1']:,} of {r['records']:,}, "
-             f"0x: {r['audit']['applied_0']}, 2+x: {r['audit']['applied_2plus']} |", "",
+             *recovery_rows(loss), "",
              "## Scenario 2 (persistent worker straggler) per backend", ""]
     lines += scenario2_table(rows, ("local", "agents"))
     lines += ["", "## What a move costs", "",

@@ -41,7 +41,8 @@ import netns  # noqa: E402  (the job's token and TLS files)
 from absl import app, flags  # noqa: E402
 
 from benchmarks.jobs import (SCENARIO2, launch, report,  # noqa: E402
-                            scenario2_table, time_to_resume, wait_for_records)
+                            recovery_rows, scenario2_table, time_to_resume,
+                            wait_for_records)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("records", 600_000, "Training records of the scenario-2 jobs.")
@@ -115,11 +116,7 @@ def main(argv):
              f"| node h1 removed at | {loss['at_loss']:,} records done |",
              f"| its tasks (declared host lost) | {', '.join(loss['on_lost']) or '-'} |",
              f"| removal -> the master counts new records | {resumed} |",
-             f"| records trained again (since the restored checkpoint) | "
-             f"{loss['redone_records']:,} |",
-             f"| JCT | {r['jct_seconds']:.1f} s |",
-             f"| audit | applied once: {r['audit']['applied_1']:,} of {r['records']:,}, "
-             f"0x: {r['audit']['applied_0']}, 2+x: {r['audit']['applied_2plus']} |", "",
+             *recovery_rows(loss), "",
              "## Scenario 2 (persistent worker straggler) per backend", ""]
     lines += scenario2_table(rows, ("local", "ray"))
     out = pathlib.Path(FLAGS.out)

@@ -17,6 +17,9 @@ NODE_ARGS = dict(num_cpus=1, node_ip_address="127.0.0.1", object_store_memory=80
                  min_worker_port=12000, max_worker_port=12999)
 
 
+_SESSION_ENV = False
+
+
 def set_session_env() -> None:
     """Ray's settings for every cluster and driver of this process and its children:
     token authentication, 127.0.0.1 and fast node-death detection. Ray reads them when
@@ -28,8 +31,12 @@ def set_session_env() -> None:
 
     from antdt_tf.backends.ray_settings import FAST_HEALTH_CHECKS, RAY_ENV
 
+    global _SESSION_ENV
+    if _SESSION_ENV:
+        return
     if "ray" in sys.modules:
         raise RuntimeError("Ray was imported before its settings were made")
+    _SESSION_ENV = True
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")       # short: Ray's socket paths
     os.environ.update(RAY_ENV, **FAST_HEALTH_CHECKS, RAY_AUTH_TOKEN=secrets.token_hex(16),
                       RAY_TMPDIR=tmp)

@@ -105,6 +105,38 @@ def test_losing_a_node_brings_its_tasks_back_on_the_others_exactly_once(cluster,
     exact(report)
 
 
+def test_the_job_goes_on_without_the_launcher(cluster, tmp_path):
+    """The launcher (a Ray driver) is SIGKILLed at a third: the master actor, detached,
+    runs the job to its end and writes the report; its idle actor is then removed as
+    docs/ray.md says."""
+    import ray
+
+    records = 150_000
+    proc = launch(cluster, tmp_path, "--num_ps=1", "--num_workers=2", "--policy=dynamic",
+                  records=records)
+    try:
+        jobs.wait_for_records(master_address(tmp_path, proc), proc, records // 3)
+    finally:
+        proc.kill()                      # the launcher we started
+        proc.communicate()
+    report_path = tmp_path / "job" / "report.json"
+    deadline = time.monotonic() + 300
+    while not report_path.exists():
+        assert time.monotonic() < deadline, "the master never wrote the report"
+        time.sleep(0.5)
+    report = json.loads(report_path.read_text())     # written whole (os.replace)
+    exact(report)
+    from antdt_tf.launcher.config import default_namespace
+
+    ray.init(address=cluster.address, namespace=default_namespace(tmp_path / "job"))
+    master = ray.get_actor("master")
+    deadline = time.monotonic() + 30       # the job's end released its task actors
+    while [n for n in ray.util.list_named_actors() if n.startswith("antdt:")]:
+        assert time.monotonic() < deadline, ray.util.list_named_actors()
+        time.sleep(0.2)
+    ray.kill(master)
+
+
 @pytest.mark.parametrize("flags, action, task", [
     (("--num_ps=1", "--relaunch_cost_seconds=1", "--inject=slow:worker:1:x4@0s"),
      "RelaunchWorker", ("worker", 1)),

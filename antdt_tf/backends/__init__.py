@@ -6,6 +6,9 @@
   found through the master (rendezvous) or a fixed list.
 - :mod:`~antdt_tf.backends.local`: ``LocalBackend``, simulated hosts on loopback (the
   embedded default), with stable endpoints.
+- :mod:`~antdt_tf.backends.ray`: ``RayBackend``, every task a detached actor pinned to a
+  node of a Ray cluster (imports Ray: the ``[ray]`` extra; its settings in
+  :mod:`~antdt_tf.backends.ray_settings`).
 
 Guarantees every backend gives (the conformance suite, ``tests/test_backend_conformance.py``,
 checks them): a launch is idempotent per name and generation; an older generation is

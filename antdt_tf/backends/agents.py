@@ -39,6 +39,19 @@ class AgentRecord:
     heard_seconds_ago: float = 0.0    # the directory's own notion of freshness
 
 
+def task_info(host: str, s: cpb.TaskStatus, name: Optional[TaskName] = None) -> TaskInfo:
+    """A supervisor's ``TaskStatus`` (an agent's, a Ray task actor's) in the backend
+    vocabulary."""
+    name = name or TaskName(s.task.job, s.task.index, max(1, s.generation))
+    if s.state == cpb.TaskStatus.RUNNING:
+        state, failure = TaskState.RUNNING, None
+    else:
+        state, failure = classify_exit(s.exit_code, s.state == cpb.TaskStatus.STOPPED,
+                                       s.out_of_memory)
+    return TaskInfo(name, host, state, failure, s.endpoint, s.pid, s.started_unix,
+                    s.ended_unix, s.log_path, s.cpu_seconds, s.rss_bytes, s.slowdown)
+
+
 class StaticHosts:
     """A fixed list of agent addresses; each agent names its host (ListTasks)."""
 
@@ -174,14 +187,7 @@ class AgentsBackend(ClusterBackend):
     # ------------------------------------------------------------------ tasks
 
     def _info(self, host: str, s: cpb.TaskStatus) -> TaskInfo:
-        name = TaskName(s.task.job, s.task.index, max(1, s.generation))
-        if s.state == cpb.TaskStatus.RUNNING:
-            state, failure = TaskState.RUNNING, None
-        else:
-            state, failure = classify_exit(s.exit_code, s.state == cpb.TaskStatus.STOPPED,
-                                           s.out_of_memory)
-        return TaskInfo(name, host, state, failure, s.endpoint, s.pid, s.started_unix,
-                        s.ended_unix, s.log_path, s.cpu_seconds, s.rss_bytes, s.slowdown)
+        return task_info(host, s)
 
     def _list_host(self, host: str) -> Optional[list[TaskInfo]]:
         try:

@@ -54,9 +54,10 @@ for _k, _v in RAY_ENV.items():     # before Ray's import (ray_settings says why)
 import ray  # noqa: E402 (after its settings)
 
 from antdt_tf.agent.client import start_request
+from antdt_tf.backends.agents import task_info
 from antdt_tf.backends.base import (Capabilities, ClusterBackend, Failure, FailureKind, Host,
                                     TaskInfo, TaskName, TaskSpec, TaskState, admit_launch,
-                                    classify_exit, latest)
+                                    latest)
 from antdt_tf.errors import AntdtError, StaleGeneration, UnknownTask, Unschedulable
 from antdt_tf.proto import cluster_pb2 as cpb
 
@@ -299,14 +300,7 @@ class RayBackend(ClusterBackend):
         if not raw:                # the actor runs but never started its task
             return TaskInfo(name, host, TaskState.FAILED,
                             Failure(FailureKind.EXITED, 0, "never started"))
-        s = cpb.TaskStatus.FromString(raw)
-        if s.state == cpb.TaskStatus.RUNNING:
-            state, failure = TaskState.RUNNING, None
-        else:
-            state, failure = classify_exit(s.exit_code, s.state == cpb.TaskStatus.STOPPED,
-                                           s.out_of_memory)
-        return TaskInfo(name, host, state, failure, s.endpoint, s.pid, s.started_unix,
-                        s.ended_unix, s.log_path, s.cpu_seconds, s.rss_bytes, s.slowdown)
+        return task_info(host, cpb.TaskStatus.FromString(raw), name)
 
     def _actor_gone(self, name: TaskName, error: Exception) -> None:
         """The actor of ``name`` died: its task ended with it (HOST_LOST when its node

@@ -117,7 +117,9 @@ class JobControl:
                                      resume=resume)
             report = self._runner.run()
             path = cfg.workdir / "report.json"
-            path.write_text(json.dumps(report, indent=2))
+            tmp = path.with_name(f".{path.name}.tmp")       # a reader sees it whole
+            tmp.write_text(json.dumps(report, indent=2))
+            os.replace(tmp, path)
             ok = report.get("audit", {}).get("ok", True)
             with self._lock:
                 self.report_path = str(path)
