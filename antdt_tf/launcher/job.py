@@ -758,7 +758,8 @@ class JobRunner:
                         n = c.report_task_failure(Task("worker", worker, t.task.incarnation),
                                                   reason="process died (agent)")
                         if n:
-                            self._event(f"worker:{worker}'s {n} leased shard(s) back to TODO")
+                            self._event(f"worker:{worker}'s {n} lease(s) released (back to "
+                                        "TODO; sparse ones held for the chief to settle)")
         except AntdtError as e:
             self._event(f"could not release worker:{worker}'s leases: {e}")
 

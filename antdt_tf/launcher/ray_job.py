@@ -29,7 +29,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-import signal
 from typing import Optional
 
 import ray
@@ -68,7 +67,7 @@ class MasterActor:
 
     def _kill_now(self) -> None:
         if self.master.proc is not None and self.master.proc.poll() is None:
-            self.master._signal(signal.SIGKILL)
+            self.master.kill()
 
     def start(self) -> str:
         self._spawner.submit(self.master.start).result()

@@ -73,7 +73,8 @@ class ShardingServicer:
             raise InvalidRequest("ReportTaskFailure needs the failed task")
         released = self.state.report_task_failure(req.task)
         if released:
-            log.warning("task %s:%d#%d reported dead (%s): %d shard(s) back to TODO",
+            log.warning("task %s:%d#%d reported dead (%s): %d lease(s) released (back to "
+                        "TODO; sparse ones held for their trainer to settle)",
                         req.task.type, req.task.index, req.task.incarnation,
                         shown(req.reason) if req.reason else "no reason given", released)
         return pb.ReportTaskFailureResponse(released_shards=released)

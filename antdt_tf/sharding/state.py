@@ -574,7 +574,9 @@ class ShardState:
                 f"reported for lease {lease.lease_id}; progress never goes back")
 
     def report_task_failure(self, task: pb.TaskId) -> int:
-        """Declares ``task`` dead; its leases go back to TODO now. Returns how many.
+        """Declares ``task`` dead; its leases go back to TODO now — those with sparse
+        reports are held for its trainer to settle instead. Returns how many leases it
+        had (held ones included).
 
         A late report about an incarnation that was already replaced is accepted and
         changes nothing (its leases were released when the new incarnation joined)."""
