@@ -9,7 +9,7 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=find_packages(include=["antdt_tf", "antdt_tf.*", "estimator_examples"]),
+    packages=find_packages(include=["antdt_tf", "antdt_tf.*", "estimator_examples", "keras_examples"]),
     package_data={"antdt_tf.proto": ["*.pyi"]},
     install_requires=[
         # the stubs come from grpcio-tools 1.62.3 (tools/gen_protos.py): they run on

@@ -209,6 +209,7 @@ def call():
         c(SHARDING + "ApplyLeaseRecord", st.builds(pb.LeaseRecord, dataset=dataset(),
                                                    lease_id=lease, holder=task_id(),
                                                    records_applied=i64())),
+        c(SHARDING + "KeepHeldLeases", st.builds(pb.KeepHeldLeasesRequest, dataset=dataset())),
         c(MONITOR + "ReportAgent", st.builds(
             cpb.AgentReport, host=text(), agent_address=text(), seq=i64(), unix_time=dbl(),
             advertise=text(), first_task_port=i32(), last_task_port=i32(),

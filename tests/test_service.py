@@ -236,3 +236,37 @@ def test_a_paused_dataset_issues_no_lease_until_resumed(client, master):
     assert client.set_paused("train", False) is False
     assert not client.progress("train").datasets[0].paused
     assert client.get_shard("train").status == pb.GetShardResponse.SHARD
+
+
+def test_the_held_lease_keeper_keeps_a_dead_workers_lease_until_it_stops():
+    """HeldLeaseKeeper (a trainer's thread, no TF): while it runs, the master keeps the
+    dead worker's sparse lease past ``settle_seconds`` (the trainer's main thread may be
+    in a long join); after it stops, the lease expires into TODO from the master's count."""
+    import time
+
+    from antdt_tf.sharding.client import HeldLeaseKeeper
+
+    state = ShardState(LeaseConfig(settle_seconds=1.0))
+    with BackgroundMaster(ShardingServicer(state)) as m, \
+            ShardingClient(m.address, timeout=10) as admin:
+        admin.register_dataset(SPEC)
+        shard = m.call(lambda: state.get_shard("train", pb.TaskId(type="worker", index=0),
+                                               sparse_ok=True).shard)
+        assert shard.sparse_reports
+        admin.report_task_failure(Task("worker", 0))
+
+        def held():
+            return [h.lease_id for h in admin.progress("train").datasets[0].held]
+        assert held() == [shard.lease_id]
+        with HeldLeaseKeeper(m.address, ["train"], every_seconds=0.1) as keeper:
+            calls = keeper.calls
+            while keeper.calls < calls + 40:     # 40 renewals ~ 4x settle_seconds
+                assert held() == [shard.lease_id]
+                time.sleep(0.05)
+        deadline = time.monotonic() + 60
+        while held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not held()
+        assert admin.progress("train").datasets[0].records_done_total == 0
+        with pytest.raises(errors.UnknownDataset):
+            admin.keep_held_leases("nope")

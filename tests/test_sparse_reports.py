@@ -78,6 +78,33 @@ def test_a_held_lease_without_a_record_goes_back_from_the_masters_count_after_th
     assert (again.shard_id, again.start) == (a.shard_id, a.start + 4)
 
 
+def test_a_held_lease_is_kept_while_the_trainer_says_it_is_alive():
+    """The trainer's keeper thread renews the settle timeout (KeepHeldLeases): a main
+    thread stuck in a long join does not let the master re-issue the dead worker's lease
+    from its older count; once the keeper stops, the lease expires a timeout later."""
+    state, clock = make()
+    a = lease(state, W(0))
+    report(state, a, W(0), 4)
+    state.report_task_failure(W(0))
+    for _ in range(6):                                   # 6 x 4 s > settle_seconds (5)
+        clock.now += 4
+        assert state.keep_held("train") == 1
+        assert state.expire_leases() == 0
+    assert [h.lease_id for h in progress(state).held] == [a.lease_id]
+    assert state.apply_record("train", a.lease_id, W(0), 9)   # the late settle still counts
+    assert progress(state).records_done_total == 9
+    assert state.keep_held("train") == 0
+    b = lease(state, W(1))
+    report(state, b, W(1), 1)
+    state.report_task_failure(W(1))
+    clock.now += 4
+    state.keep_held("train")
+    clock.now += 4                                       # no keep since: 4 s < 5 s
+    assert state.expire_leases() == 0
+    clock.now += 2
+    assert state.expire_leases() == 1 and not progress(state).held
+
+
 def test_a_record_of_minus_one_settles_at_the_masters_count():
     state, _ = make()
     a = lease(state, W(0))

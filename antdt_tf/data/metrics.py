@@ -30,11 +30,16 @@ def logloss(labels: np.ndarray, probabilities: np.ndarray) -> float:
     return float(-(y * np.log(p) + (1 - y) * np.log(1 - p)).mean())
 
 
-def audit_summary(counts: np.ndarray, expected_times: int) -> dict:
+def audit_summary(counts: np.ndarray, expected_times: int, started=None) -> dict:
     """The audit report: how many records were applied 0, 1 and 2+ times, and how many
-    exactly ``expected_times`` (= epochs) or not."""
+    exactly ``expected_times`` (= epochs) or not. ``started`` (the Keras audit's
+    per-record count of steps begun): ``torn`` = records whose step a kill cut (it
+    began, not every update of it landed, and the batch was trained again)."""
     counts = np.asarray(counts)
-    return {"applied_0": int((counts == 0).sum()),
+    extra = {}
+    if started is not None:
+        extra["torn"] = int((np.asarray(started) > counts).sum())
+    return {**extra, "applied_0": int((counts == 0).sum()),
             "applied_1": int((counts == 1).sum()),
             "applied_2plus": int((counts >= 2).sum()),
             "expected_times": int(expected_times),

@@ -55,7 +55,9 @@ def summary_table(report: dict) -> str:
         a = report["audit"]
         lines.append(f"audit: applied exactly {a['expected_times']}x: {a['applied_expected']:,}, "
                      f"0x: {a['applied_0']:,}, 1x: {a['applied_1']:,}, 2+x: "
-                     f"{a['applied_2plus']:,} (off: {a['applied_other']:,}, allowed "
+                     f"{a['applied_2plus']:,}"
+                     + (f", in steps cut by a kill: {a['torn']:,}" if "torn" in a else "")
+                     + f" (off: {a['applied_other']:,}, allowed "
                      f"{a['allowed_off_records']:,}"
                      + ("; duplicates are the backup workers' price"
                         if a.get("duplicates_by_design") else "")

@@ -522,6 +522,18 @@ class LeaseRecordResponse(_message.Message):
     applied: bool
     def __init__(self, applied: bool = ...) -> None: ...
 
+class KeepHeldLeasesRequest(_message.Message):
+    __slots__ = ("dataset",)
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...
+
+class KeepHeldLeasesResponse(_message.Message):
+    __slots__ = ("held",)
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    held: int
+    def __init__(self, held: _Optional[int] = ...) -> None: ...
+
 class SetBatchSizesRequest(_message.Message):
     __slots__ = ("dataset", "batch_sizes", "replace")
     class BatchSizesEntry(_message.Message):

@@ -70,6 +70,11 @@ class ShardingServiceStub(object):
                 request_serializer=antdt_dot_v1_dot_sharding__pb2.LeaseRecord.SerializeToString,
                 response_deserializer=antdt_dot_v1_dot_sharding__pb2.LeaseRecordResponse.FromString,
                 )
+        self.KeepHeldLeases = channel.unary_unary(
+                '/antdt.v1.ShardingService/KeepHeldLeases',
+                request_serializer=antdt_dot_v1_dot_sharding__pb2.KeepHeldLeasesRequest.SerializeToString,
+                response_deserializer=antdt_dot_v1_dot_sharding__pb2.KeepHeldLeasesResponse.FromString,
+                )
 
 
 class ShardingServiceServicer(object):
@@ -143,6 +148,12 @@ class ShardingServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KeepHeldLeases(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -200,6 +211,11 @@ def add_ShardingServiceServicer_to_server(servicer, server):
                     servicer.ApplyLeaseRecord,
                     request_deserializer=antdt_dot_v1_dot_sharding__pb2.LeaseRecord.FromString,
                     response_serializer=antdt_dot_v1_dot_sharding__pb2.LeaseRecordResponse.SerializeToString,
+            ),
+            'KeepHeldLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepHeldLeases,
+                    request_deserializer=antdt_dot_v1_dot_sharding__pb2.KeepHeldLeasesRequest.FromString,
+                    response_serializer=antdt_dot_v1_dot_sharding__pb2.KeepHeldLeasesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -395,5 +411,22 @@ class ShardingService(object):
         return grpc.experimental.unary_unary(request, target, '/antdt.v1.ShardingService/ApplyLeaseRecord',
             antdt_dot_v1_dot_sharding__pb2.LeaseRecord.SerializeToString,
             antdt_dot_v1_dot_sharding__pb2.LeaseRecordResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def KeepHeldLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/antdt.v1.ShardingService/KeepHeldLeases',
+            antdt_dot_v1_dot_sharding__pb2.KeepHeldLeasesRequest.SerializeToString,
+            antdt_dot_v1_dot_sharding__pb2.KeepHeldLeasesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -28,6 +28,8 @@ from antdt_tf.proto import sharding_pb2_grpc as pb_grpc
 from antdt_tf.sharding.plan import DatasetSpec
 from antdt_tf.sharding.state import spec_to_proto
 
+log = logging.getLogger(__name__)
+
 _SERVICE_CONFIG = json.dumps({
     "methodConfig": [{
         "name": [{"service": "antdt.v1.ShardingService"}],
@@ -177,6 +179,11 @@ class ShardingClient:
             dataset=dataset, lease_id=lease_id, holder=holder,
             records_applied=records_applied)).applied
 
+    def keep_held_leases(self, dataset: str) -> int:
+        """The trainer that settles ``dataset``'s held leases is alive: the master
+        restarts their settle timeout. Returns how many leases are held now."""
+        return self._call("KeepHeldLeases", pb.KeepHeldLeasesRequest(dataset=dataset)).held
+
     def progress(self, dataset: str = "") -> pb.GetProgressResponse:
         return self._call("GetProgress", pb.GetProgressRequest(dataset=dataset))
 
@@ -214,6 +221,60 @@ class ShardingClient:
                            lambda shard, nxt: self.report_done(shard, task, get_next=nxt),
                            lambda shard: self.report_failed(shard, 0, "abandoned", task))
         return pull_shards(session)
+
+
+class HeldLeaseKeeper:
+    """A thread of the trainer that tells the master, every ``every_seconds``, that the
+    trainer is alive to settle ``datasets``' held leases (``KeepHeldLeases``).
+
+    Why a thread: the trainer settles a dead worker's sparse leases from the PS on its
+    main thread, between the steps it schedules; when that thread waits (a checkpoint's
+    ``join`` while TF recovers a worker, an evaluation, a user's callback) longer than
+    the master's ``--settle_seconds``, the master would re-issue those leases from its
+    own, older count and everything the dead worker applied since its last report would
+    be trained again (seen: 384 records twice after one kill). This thread runs no
+    TensorFlow (the PS read stays on the main thread); once the trainer dies or hangs it
+    stops, and the leases expire ``--settle_seconds`` later. Best effort: a failed call
+    is logged and retried next period."""
+
+    def __init__(self, address: str, datasets: Sequence[str], every_seconds: float = 1.0):
+        if every_seconds <= 0:
+            raise ValueError(f"every_seconds must be > 0, got {every_seconds}")
+        self.datasets = list(datasets)
+        self.every_seconds = every_seconds
+        self._client = ShardingClient(address, timeout=max(2.0, every_seconds))
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.calls = 0
+
+    def start(self) -> "HeldLeaseKeeper":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="antdt-held-lease-keeper",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_seconds):
+            for name in self.datasets:
+                try:
+                    self._client.keep_held_leases(name)
+                    self.calls += 1
+                except errors.AntdtError as e:
+                    log.warning("could not keep %s's held leases: %s", name, e)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._client.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
 
 
 def worker_split(progress: pb.GetProgressResponse) -> tuple[list[int], list[int]]:

@@ -93,6 +93,9 @@ class ShardingServicer:
                                           req.records_applied)
         return pb.LeaseRecordResponse(applied=applied)
 
+    def KeepHeldLeases(self, req: pb.KeepHeldLeasesRequest) -> pb.KeepHeldLeasesResponse:
+        return pb.KeepHeldLeasesResponse(held=self.state.keep_held(req.dataset))
+
     def SetBatchSizes(self, req: pb.SetBatchSizesRequest) -> pb.SetBatchSizesResponse:
         self.state.lease_length(req.dataset, -1)      # raises UnknownDataset
         for worker, size in req.batch_sizes.items():

@@ -85,7 +85,8 @@ class LeaseConfig:
     factor: float = 4.0
     max_failures: int = 3
     # how long a lease with sparse reports is held for its trainer to settle it from
-    # the PS after its holder died (then it goes back from the master's own offset)
+    # the PS after its holder died (then it goes back from the master's own offset);
+    # renewed while the trainer says it is alive (keep_held)
     settle_seconds: float = 10.0
 
     def __post_init__(self):
@@ -623,6 +624,20 @@ class ShardState:
             dataset=dataset, lease_id=lease_id, kind=kind, records_processed=applied,
             lease_seconds=lease_seconds)))
         return True
+
+    def keep_held(self, dataset: str) -> int:
+        """The trainer that settles ``dataset``'s held leases is alive: their settle
+        timeout starts over (not journaled: a deadline is soft state, renewed after a
+        master restart by :meth:`grant_grace`). Returns how many leases are held."""
+        run = self._run(dataset)
+        now = self._now()
+        held = 0
+        for lease in run.doing.values():
+            if lease.held:
+                held += 1
+                lease.deadline = now + self.config.settle_seconds
+                heapq.heappush(self._deadlines, (lease.deadline, lease.lease_id, dataset))
+        return held
 
     def expire_leases(self) -> int:
         """Takes back leases whose holders stopped reporting. Returns how many."""

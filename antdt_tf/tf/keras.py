@@ -49,29 +49,51 @@ import time
 import tensorflow as tf
 import tf_keras as keras   # the [tf] extra installs it; TF_USE_LEGACY_KERAS=1 makes it tf.keras
 
-from antdt_tf.data.criteo import NUM_DENSE, NUM_SPARSE
+from antdt_tf.sharding.client import HeldLeaseKeeper
 from antdt_tf.tf.pull import (DEFAULT_TIMEOUT_MS, apply_lease_records, lease_record_shape,
                               lease_record_update, pull_dataset, report_applied, run_step)
 
 log = logging.getLogger(__name__)
 
 
-def _padding(worker, incarnation):
-    """One zero record with sample weight 0 and no lease: trains nothing."""
-    features = {"dense": tf.zeros([1, NUM_DENSE]), "sparse": tf.zeros([1, NUM_SPARSE], tf.int64),
-                "record_id": tf.fill([1], tf.constant(-1, tf.int64)),
-                "antdt": {"lease": tf.fill([1], tf.constant(-1, tf.int64)),
-                          "shard": tf.zeros([1], tf.int64), "epoch": tf.zeros([1], tf.int32),
-                          "applied": tf.zeros([1], tf.int64), "length": tf.zeros([1], tf.int64),
-                          "sparse": tf.zeros([1], tf.int64),
-                          "worker": worker, "incarnation": incarnation}}
-    return features, tf.zeros([1]), tf.zeros([1])
+def default_parse(batch: dict):
+    """The compact format's batch as the model's ``(features, label)``: the features
+    ``dense`` (f32[n,13]) and ``sparse`` (i64[n,26]), the label f32[n] (0 or 1)."""
+    return {"dense": batch["dense"], "sparse": batch["sparse"]}, batch["label"]
+
+
+def _padding_like(spec, worker):
+    """One record of ``spec``'s structure, with sample weight 0 and no lease: trains
+    nothing (the batch ``model.fit`` needs once the data is done, and a WAIT's)."""
+    def zeros(s):
+        if not isinstance(s, tf.TensorSpec):
+            raise TypeError(f"a padding batch needs dense features, got a {type(s).__name__}: "
+                            "make the parse function return dense tensors (e.g. "
+                            "tf.sparse.to_dense)")
+        return tf.zeros([1 if d is None else d for d in s.shape.as_list()], s.dtype)
+    x, y, w = tf.nest.map_structure(zeros, spec)
+    x = dict(x)
+    x["record_id"] = tf.fill([1], tf.constant(-1, tf.int64))
+    meta = dict(x["antdt"], worker=worker, incarnation=tf.constant(-1, tf.int64))
+    meta["lease"] = tf.fill([1], tf.constant(-1, tf.int64))
+    x["antdt"] = meta
+    return x, y, tf.zeros_like(w)
 
 
 def dataset_creator(master: str, dataset: str, batch_size: int,
                     timeout_ms: int = DEFAULT_TIMEOUT_MS, sparse_reports: bool = False,
-                    steps_per_execution: int = 1):
+                    steps_per_execution: int = 1, parse=None, record_format=None):
     """A Keras ``DatasetCreator`` whose per-worker pipelines pull from the master.
+
+    ``record_format`` reads and decodes the dataset's files (:mod:`antdt_tf.tf.formats`:
+    the compact ``.adtr`` format by default, ``TFRecordExamples`` for ``tf.train.Example``
+    files, or one's own). ``parse(batch) -> (features, label)`` or
+    ``(features, label, sample_weight)`` turns a decoded batch (a dict) into what the
+    model takes; ``features`` must be a dict (default: :func:`default_parse`). The
+    pipeline then adds two entries to the features, ``record_id`` and ``antdt`` (the
+    lease position), which the step of :meth:`ShardingCallback.attach` removes before
+    the model's own ``train_step`` sees the batch.
+
     ``sparse_reports`` must match the :class:`ShardingCallback`'s, and
     ``steps_per_execution`` the model's (``compile``): with sparse reports a step for
     which the master has nothing now trains a padding batch after the master's long
@@ -82,6 +104,22 @@ def dataset_creator(master: str, dataset: str, batch_size: int,
     if steps_per_execution < 1:
         raise ValueError(f"steps_per_execution must be >= 1, got {steps_per_execution}")
     wait_ms = -1 if steps_per_execution == 1 else max(50, 2000 // steps_per_execution)
+    parse = default_parse if parse is None else parse
+
+    def to_keras(b):
+        b = dict(b)
+        meta, ids = b.pop("antdt"), b.pop("record_id")
+        x, y, w = keras.utils.unpack_x_y_sample_weight(parse(b))
+        if not isinstance(x, dict):
+            raise TypeError("parse must return the features as a dict (the pipeline adds "
+                            f"'record_id' and 'antdt' to it), got {type(x).__name__}")
+        taken = {"record_id", "antdt"} & set(x)
+        if taken:
+            raise ValueError(f"parse returned features named {sorted(taken)}: those names "
+                             "are the pipeline's own")
+        x = dict(x, record_id=ids, antdt=meta)
+        ones = tf.ones(tf.shape(ids), tf.float32)
+        return x, y, ones if w is None else tf.cast(w, tf.float32) * ones
 
     def dataset_fn(input_context):
         del input_context   # shards come from the master, not from a static split
@@ -89,22 +127,17 @@ def dataset_creator(master: str, dataset: str, batch_size: int,
                          tf.int64)
         pulled = pull_dataset(master, dataset, batch_size, timeout_ms=timeout_ms,
                               wait_markers=sparse_reports, sparse_reports=sparse_reports,
-                              wait_ms=wait_ms)
-        padding = _padding(worker, tf.constant(-1, tf.int64))
+                              wait_ms=wait_ms, record_format=record_format)
+        real = pulled.map(to_keras)
+        padding = _padding_like(real.element_spec, worker)
 
-        def to_keras(b):
-            features = {"dense": b["dense"], "sparse": b["sparse"], "record_id": b["record_id"],
-                        "antdt": b["antdt"]}
-            return features, b["label"], tf.ones_like(b["label"])
-
-        def wait_to_padding(b):
+        def wait_to_padding(*b):
             # a WAIT marker (no records: the master has nothing for this worker now)
             # trains a padding batch, so the step ends and the chief is not held up
-            return tf.cond(tf.shape(b[1])[0] > 0, lambda: b, lambda: padding)
+            return tf.cond(tf.shape(b[0]["record_id"])[0] > 0, lambda: b, lambda: padding)
 
-        real = pulled.map(to_keras)
         if sparse_reports:
-            real = real.map(lambda *b: wait_to_padding(b))
+            real = real.map(wait_to_padding)
         pad = tf.data.Dataset.from_tensors(padding).repeat()
         return real.concatenate(pad)
 
@@ -158,6 +191,7 @@ class ShardingCallback(keras.callbacks.Callback):
         self.audit_records = audit_records
         self.timeout_ms = timeout_ms
         self.applied = None
+        self.started = None
         self.sparse_reports = sparse_reports
         self.worker_slots = worker_slots
         self.settle_seconds = settle_seconds
@@ -168,6 +202,7 @@ class ShardingCallback(keras.callbacks.Callback):
         self._last_check = time.monotonic()
         self.manager = None
         self._wrapped = None
+        self._keeper = None
         self._last_checkpoint = time.monotonic()
         self.restored_from = ""
 
@@ -179,14 +214,41 @@ class ShardingCallback(keras.callbacks.Callback):
         p = self.client.progress(self.dataset).datasets[0]
         return 2 * (-(-p.records_per_epoch * p.num_epochs // batch_size)) + 1000
 
-    def _ensure_model_ready(self, model):
+    def attach(self, model):
+        """Wraps ``model.train_step`` — the model's own, a custom one included — in the
+        step that keeps the master's ledger exact, and returns the model. Call it once,
+        after ``compile`` and before :meth:`restore_or_initialize` and ``fit``.
+
+        The wrapped step, on every batch of :func:`dataset_creator`:
+
+        1. removes ``record_id`` and ``antdt`` (the lease position) from the features:
+           the model's ``train_step`` gets ``(features, label, sample_weight)`` as
+           ``parse`` made them;
+        2. sets the sample weight to 0 for padding batches (after the data ended, or
+           while the master has nothing for this worker) and for the rest of a lease the
+           master refused (it expired while its worker was silent: another worker trains
+           it);
+        3. calls the model's ``train_step``, then (sparse reports) records the lease's
+           position on the PS, and reports to the master only after every variable
+           update of the step has landed.
+
+        What a custom ``train_step`` must respect: take ``sample_weight`` from
+        ``keras.utils.unpack_x_y_sample_weight(data)`` and weight the loss with it (a
+        step of weight 0 must not move the model: true for SGD and Adagrad; momentum
+        and Adam still move a little); make every update of the step inside it (the
+        report waits for the step's stateful ops, not for work done elsewhere); and
+        keep ``steps_per_execution`` equal to :func:`dataset_creator`'s."""
         if self._wrapped is model:
-            return
+            return model
         strategy = model.distribute_strategy
         if self.audit_records and self.applied is None:
             with strategy.scope():
+                # applied: steps all of whose updates landed; started: steps that began
+                # writing (a kill between the two leaves a torn step: started > applied)
                 self.applied = tf.Variable(tf.zeros([self.audit_records], tf.int32),
                                            trainable=False, name="antdt_applied")
+                self.started = tf.Variable(tf.zeros([self.audit_records], tf.int32),
+                                           trainable=False, name="antdt_started")
         # PSS keeps its resolver privately (strategy.cluster_resolver is None)
         resolver = getattr(strategy, "_cluster_resolver", None)
         workers = len(resolver.cluster_spec().as_dict().get("worker", [])) if resolver else 0
@@ -214,6 +276,7 @@ class ShardingCallback(keras.callbacks.Callback):
         original = model.train_step
         master, dataset, timeout_ms = self.master, self.dataset, self.timeout_ms
         applied_var, record_var, unreported = self.applied, self.lease_record, self.unreported
+        started_var = self.started
         refused_var = self.refused_lease
 
         def train_step(data):
@@ -244,11 +307,9 @@ class ShardingCallback(keras.callbacks.Callback):
 
             def step():
                 logs = original((x, y, w))
-                if applied_var is not None:   # counted with the step, before the report
-                    real_ids = tf.boolean_mask(tf.reshape(ids, [-1]), real)
-                    applied_var.scatter_add(tf.IndexedSlices(
-                        tf.ones_like(real_ids, tf.int32), real_ids))
-                if record_var is not None:    # beside the step's updates
+                if record_var is not None:
+                    # where the lease was *before* this batch, beside the step's updates:
+                    # a settle after a kill re-trains the batch in flight, never loses it
                     tf.cond(any_real, record, lambda: tf.constant(0, tf.int64))
                 return logs
 
@@ -260,7 +321,17 @@ class ShardingCallback(keras.callbacks.Callback):
                     tf.equal(tf.reduce_min(vec["sparse"]), 0),
                     tf.equal(tf.reduce_max(vec["applied"]), tf.reduce_max(vec["length"]))))
             # the report goes out only after every update of the step has landed
-            logs, effects = run_step(step)
+            if started_var is None:
+                logs, effects = run_step(step)
+            else:
+                # audit: `started` before any update of the step, `applied` after all of
+                # them — a step cut by a kill counts in `started` only (see applied_counts)
+                real_ids = tf.boolean_mask(tf.reshape(ids, [-1]), real)
+                ones = tf.IndexedSlices(tf.ones_like(real_ids, tf.int32), real_ids)
+                with tf.control_dependencies([started_var.scatter_add(ones)]):
+                    logs, effects = run_step(step)
+                with tf.control_dependencies(effects):
+                    effects = effects + [applied_var.scatter_add(ones).op]
 
             def zero():
                 return tf.constant(0, tf.int64)
@@ -310,15 +381,17 @@ class ShardingCallback(keras.callbacks.Callback):
             if getattr(model, "optimizer", None) is not None:
                 objects["optimizer"] = model.optimizer
             if self.applied is not None:
-                objects["audit"] = tf.train.Checkpoint(applied=self.applied)
+                objects["audit"] = tf.train.Checkpoint(applied=self.applied,
+                                                       started=self.started)
             self.manager = tf.train.CheckpointManager(tf.train.Checkpoint(**objects),
                                                       self.checkpoint_dir, max_to_keep=3)
+        return model
 
     def restore_or_initialize(self, model) -> str:
         """Restores model, optimizer (slots) and sharding state from the latest
         checkpoint; without one, writes an initial checkpoint (so a restart before the
         first boundary rolls the master back too). Returns the restored path or ''."""
-        self._ensure_model_ready(model)
+        self._check_attached(model)
         if self.manager is None:
             return ""
         latest = self.manager.latest_checkpoint
@@ -330,9 +403,17 @@ class ShardingCallback(keras.callbacks.Callback):
         self.manager.save()
         return ""
 
+    def _check_attached(self, model) -> None:
+        if self._wrapped is not model:
+            raise ValueError(
+                "ShardingCallback: this model's train_step is not wrapped; call "
+                "`model = sharding.attach(model)` after compile and before "
+                "restore_or_initialize and fit (the wrapped step is what reports the "
+                "trained records to the master)")
+
     def set_model(self, model):
         super().set_model(model)
-        self._ensure_model_ready(model)
+        self._check_attached(model)
 
     # -------------------------------------------------------------- hooks
 
@@ -372,6 +453,11 @@ class ShardingCallback(keras.callbacks.Callback):
         spe = getattr(self.model, "_steps_per_execution", None)
         spe = int(spe.numpy()) if spe is not None else 1
         self._ahead_limit = max(-(-self.max_ahead // spe), 2 * self._num_workers)
+        if self.lease_record is not None and self._keeper is None:
+            # the master keeps dead workers' sparse leases for this chief however long
+            # its main thread waits (a save's join, an evaluation, another callback)
+            self._keeper = HeldLeaseKeeper(self.master, [self.dataset],
+                                           every_seconds=self.settle_seconds).start()
 
     def on_train_batch_end(self, batch, logs=None):
         # Under PSS this runs when the step is *scheduled*, with its logs a RemoteValue.
@@ -412,15 +498,32 @@ class ShardingCallback(keras.callbacks.Callback):
         coordinator = self._coordinator()
         if coordinator is not None:
             coordinator.join()
+        if self.lease_record is not None:
+            self.settle()
+        if self._keeper is not None:
+            self._keeper.stop()
+            self._keeper = None
         if not self.client.progress(self.dataset).datasets[0].finished:
             log.warning("fit ended before the master finished the dataset: raise "
                         "steps_per_epoch (see steps_upper_bound)")
 
     def applied_counts(self):
-        """Per record: how many times its gradient was applied (audit mode)."""
+        """Audit mode, per record: how many steps that trained it had *every* update
+        land (the step's variable writes are separate RPCs to the PS; this count is
+        written after all of them). See :meth:`started_counts`."""
         from antdt_tf.tf.variables import full_value
 
         return full_value(self.applied).numpy()
+
+    def started_counts(self):
+        """Audit mode, per record: how many steps that trained it began (written before
+        any of the step's updates). ``started - applied`` > 0 marks a record whose step
+        a kill cut: anywhere from none to all of that step's updates landed,
+        and the batch was trained again (the lease record says where the lease was
+        before it). At most one batch per killed worker."""
+        from antdt_tf.tf.variables import full_value
+
+        return full_value(self.started).numpy()
 
 
 class ClusterMonitorCallback(keras.callbacks.Callback):

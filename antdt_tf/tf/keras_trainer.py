@@ -56,6 +56,7 @@ def main(argv):
         checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
         audit_records=progress.records_per_epoch if FLAGS.audit else 0,
         sparse_reports=FLAGS.sparse_reports, worker_slots=FLAGS.worker_slots)
+    model = sharding.attach(model)          # the step that reports to the master
     report = {"restored_from": sharding.restore_or_initialize(model)}
     import time
 
@@ -91,7 +92,7 @@ def main(argv):
         expected = progress.num_epochs
         from antdt_tf.data.metrics import audit_summary
 
-        report["audit"] = audit_summary(counts, expected)
+        report["audit"] = audit_summary(counts, expected, started=sharding.started_counts())
     if FLAGS.eval_data:
         report.update(evaluate(tf, model, FLAGS.eval_data))
     from antdt_tf.data.metrics import write_report

@@ -43,7 +43,6 @@ import tensorflow as tf
 from tensorflow.distribute.experimental.rpc.kernels import gen_rpc_ops as _rpc
 
 from antdt_tf import auth
-from antdt_tf.tf.reader import decode_records, raw_shard_dataset
 
 STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
 DEFAULT_TIMEOUT_MS = 60_000
@@ -136,7 +135,7 @@ def _call(client, method: str, args, tout, timeout_ms: int, attempts: int = 6):
 def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS,
                  wait_markers: bool = False, wait_ms: int = -1,
-                 sparse_reports: bool = False) -> tf.data.Dataset:
+                 sparse_reports: bool = False, record_format=None) -> tf.data.Dataset:
     """The batches this worker trains, pulled shard by shard from the master.
 
     Call inside the ``dataset_fn`` of ``ClusterCoordinator.create_per_worker_dataset``
@@ -160,7 +159,13 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     settle a lease from there (:class:`PullTrainer` with a ``record_fn``); the master
     then marks most leases ``sparse`` (``meta["sparse"]``): reported when finished and
     at the end of a closure instead of after every batch.
+
+    ``record_format``: how the dataset's files are read and decoded
+    (:mod:`antdt_tf.tf.formats`; default the compact ``.adtr`` format, whose batches
+    have ``label``, ``dense`` and ``sparse``).
     """
+    if record_format is None:
+        from antdt_tf.tf.formats import COMPACT as record_format
     if worker is None:
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
     worker = tf.cast(worker, tf.int64)
@@ -193,7 +198,7 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     def shard_batches(d):
         # Batches never span shards: a partial batch waiting for the next lease could
         # wait forever when that lease is its own shard's remainder (end of the data).
-        raw = raw_shard_dataset(d["path"], d["file_start"], d["length"], d["batch_size"])
+        raw = record_format.read(d["path"], d["file_start"], d["length"], d["batch_size"])
         offsets = tf.data.Dataset.range(d["length"]).batch(d["batch_size"])
         batches = tf.data.Dataset.zip((raw, offsets)).map(lambda r, o: to_batch(r, o, d))
         if wait_markers:   # a WAIT (length 0, nothing read): one empty batch
@@ -204,7 +209,12 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
         return batches
 
     def to_batch(raw, offset, d):
-        batch = decode_records(raw)
+        batch = dict(record_format.decode(raw))
+        taken = {"record_id", "antdt"} & set(batch)
+        if taken:
+            raise ValueError(f"the record format decodes to {sorted(taken)}: those feature "
+                             "names are the pipeline's own (record ids and lease position); "
+                             "rename them in the format")
         n = tf.shape(offset)[0]
         batch["record_id"] = d["start"] + offset
         batch["antdt"] = {"lease": tf.fill([n], d["lease"]), "shard": tf.fill([n], d["shard"]),

@@ -1,0 +1,34 @@
+"""The chief of keras_examples.own_model with one test hook: while ``--block_file``
+exists, the chief's main thread waits in a callback (as it would in a long checkpoint
+join, an evaluation or a user's own slow callback) — so a test can kill a worker while
+the chief cannot settle anything."""
+
+import os
+import time
+
+from absl import app, flags
+
+from keras_examples import own_model
+
+flags.DEFINE_string("block_file", "", "While this file exists, the chief's main thread waits.")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    import tensorflow as tf
+
+    class BlockWhileFileExists(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True   # under PSS: no fetch of every step's logs
+
+        def on_train_batch_end(self, batch, logs=None):
+            while FLAGS.block_file and os.path.exists(FLAGS.block_file):
+                time.sleep(0.05)
+
+    own_model.train(extra_callbacks=[BlockWhileFileExists()])
+
+
+if __name__ == "__main__":
+    app.run(main)
