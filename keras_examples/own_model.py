@@ -37,6 +37,7 @@ flags.DEFINE_list("data", [], "TFRecord files of tf.train.Example (registered in
 flags.DEFINE_string("dataset", "own", "Dataset name on the master.")
 flags.DEFINE_integer("records_per_shard", 2048, "Records per shard.")
 flags.DEFINE_integer("batch_size", 128, "Records per batch.")
+flags.DEFINE_integer("steps_per_execution", 16, "Steps per scheduled closure (compile's).")
 flags.DEFINE_integer("users", 1000, "Rows of the user table (ids are taken modulo).")
 flags.DEFINE_integer("items", 1000, "Rows of the item table (ids are taken modulo).")
 flags.DEFINE_string("checkpoint_dir", "", "Checkpoint model + optimizer + sharding state.")
@@ -123,7 +124,8 @@ def train(extra_callbacks=()) -> dict:
     with strategy.scope():
         model = build_model(FLAGS.users, FLAGS.items, num_records)
         model.compile(optimizer=tf.keras.optimizers.SGD(0.1),
-                      loss=tf.keras.losses.BinaryCrossentropy())
+                      loss=tf.keras.losses.BinaryCrossentropy(),
+                      steps_per_execution=FLAGS.steps_per_execution)
 
     # 3. the sharding hook: explicit, on the model; then restore (or initialize)
     sharding = antdt_keras.ShardingCallback(
@@ -135,7 +137,8 @@ def train(extra_callbacks=()) -> dict:
     # 4. fit on the master's shards, in this format, parsed by this function
     data = antdt_keras.dataset_creator(FLAGS.master, FLAGS.dataset, FLAGS.batch_size,
                                        sparse_reports=True, parse=parse,
-                                       record_format=TFRecordExamples(features()))
+                                       record_format=TFRecordExamples(features()),
+                                       steps_per_execution=FLAGS.steps_per_execution)
     model.fit(data, epochs=1, steps_per_epoch=sharding.steps_upper_bound(FLAGS.batch_size),
               callbacks=[sharding, *extra_callbacks], verbose=0)
 

@@ -1,5 +1,5 @@
 """The chief of keras_examples.own_model with one test hook: while ``--block_file``
-exists, the chief's main thread waits in a callback (as it would in a long checkpoint
+exists, the chief's main thread waits in a callback (and says so in ``<block_file>.waiting``) (as it would in a long checkpoint
 join, an evaluation or a user's own slow callback) — so a test can kill a worker while
 the chief cannot settle anything."""
 
@@ -24,7 +24,11 @@ def main(argv):
             self._supports_tf_logs = True   # under PSS: no fetch of every step's logs
 
         def on_train_batch_end(self, batch, logs=None):
-            while FLAGS.block_file and os.path.exists(FLAGS.block_file):
+            if not (FLAGS.block_file and os.path.exists(FLAGS.block_file)):
+                return
+            with open(FLAGS.block_file + ".waiting", "w"):   # tell the test: blocked now
+                pass
+            while os.path.exists(FLAGS.block_file):
                 time.sleep(0.05)
 
     own_model.train(extra_callbacks=[BlockWhileFileExists()])

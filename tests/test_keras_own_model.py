@@ -64,7 +64,9 @@ def test_own_model_and_data_exact_through_a_kill_while_the_chief_waits(tmp_path)
                 return list(admin.progress("own").datasets[0].held)
 
             deadline = time.monotonic() + 240
-            # on progress: a third of the data done and worker 1 on a sparse lease
+            waiting = tmp_path / "block.waiting"
+            # on progress: a third of the data done and worker 1 on a sparse lease while
+            # the chief's main thread waits (else let it go on and try again)
             while True:
                 assert chief.poll() is None, log_path.read_text()[-3000:]
                 assert time.monotonic() < deadline, "worker 1 never held a sparse lease"
@@ -72,10 +74,17 @@ def test_own_model_and_data_exact_through_a_kill_while_the_chief_waits(tmp_path)
                     p = admin.progress("own").datasets[0]
                 except Exception:
                     p = None
-                if p is not None and p.records_done_total >= 4_000 and sparse_lease_of_worker_1():
+                if p is None or p.records_done_total < 4_000 or not sparse_lease_of_worker_1():
+                    time.sleep(0.05)
+                    continue
+                block.touch()
+                while not waiting.exists():        # the chief's main thread waits from now
+                    assert chief.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.02)
+                if sparse_lease_of_worker_1():
                     break
-                time.sleep(0.05)
-            block.touch()                      # the chief's main thread now waits
+                block.unlink()
+                waiting.unlink()
             incarnation = sparse_lease_of_worker_1()[0].holder.incarnation
             cluster.kill("worker", 1)
             # what a supervisor does on a death (antdt-launch's runner does it too)

@@ -306,12 +306,16 @@ class ShardingCallback(keras.callbacks.Callback):
                 return tf.constant(0, tf.int64)
 
             def step():
-                logs = original((x, y, w))
-                if record_var is not None:
-                    # where the lease was *before* this batch, beside the step's updates:
-                    # a settle after a kill re-trains the batch in flight, never loses it
-                    tf.cond(any_real, record, lambda: tf.constant(0, tf.int64))
-                return logs
+                if record_var is None:
+                    return original((x, y, w))
+                # where the lease was *before* this batch, written before any update of
+                # the step: if a kill lets any of them land, the record says so, and the
+                # settle re-trains this batch only (written beside them, a kill could
+                # land updates but not the record: the batch before, applied in full,
+                # would be trained again too — two batches)
+                written = tf.cond(any_real, record, lambda: tf.constant(0, tf.int64))
+                with tf.control_dependencies([written]):
+                    return original((x, y, w))
 
             report = {k: tf.boolean_mask(vec[k], real)
                       for k in ("lease", "shard", "epoch", "applied")}

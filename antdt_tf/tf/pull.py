@@ -43,6 +43,7 @@ import tensorflow as tf
 from tensorflow.distribute.experimental.rpc.kernels import gen_rpc_ops as _rpc
 
 from antdt_tf import auth
+from antdt_tf.sharding.client import HeldLeaseKeeper
 
 STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
 DEFAULT_TIMEOUT_MS = 60_000
@@ -589,32 +590,41 @@ class PullTrainer(WorkerCounters):
             for _ in range(self.window):
                 slots.release()
 
-        with concurrent.futures.ThreadPoolExecutor(self.window, "antdt-pull") as pool:
-            while not errors:
-                now = time.monotonic()
-                if self.on_progress is not None and now - last_progress >= self.progress_seconds:
-                    self.on_progress(*self.worker_counts())
-                    last_progress = now
-                if (self.on_checkpoint is not None and self.checkpoint_every_seconds
-                        and now - last_ckpt >= self.checkpoint_every_seconds):
-                    drain()
-                    if not errors:
-                        if sparse:   # no step runs now: the records are final
-                            self._apply_records(self.progress_fn().held, drained=True)
-                        self.on_checkpoint()
-                    last_ckpt = time.monotonic()
-                progress = self.progress_fn()
-                if sparse and progress.held:
-                    self._apply_records(progress.held)
-                if progress.finished:
-                    break
-                # wait for a free slot, but not longer than the progress period: the
-                # reports carry the PS probes, and the Monitor needs them regularly also
-                # when every closure is slow (a slow PS slows them all)
-                if not slots.acquire(timeout=self.progress_seconds):
-                    continue
-                pool.submit(settle, self.coordinator.schedule(self._train, args=(iterator,)))
-        self.coordinator.join()
+        # the master keeps dead workers' sparse leases for this loop however long it
+        # waits (a drain before a checkpoint while TF recovers a worker can take longer
+        # than the master's --settle_seconds)
+        keeper = HeldLeaseKeeper(master, [dataset]).start() if sparse else None
+        try:
+            with concurrent.futures.ThreadPoolExecutor(self.window, "antdt-pull") as pool:
+                while not errors:
+                    now = time.monotonic()
+                    if (self.on_progress is not None
+                            and now - last_progress >= self.progress_seconds):
+                        self.on_progress(*self.worker_counts())
+                        last_progress = now
+                    if (self.on_checkpoint is not None and self.checkpoint_every_seconds
+                            and now - last_ckpt >= self.checkpoint_every_seconds):
+                        drain()
+                        if not errors:
+                            if sparse:   # no step runs now: the records are final
+                                self._apply_records(self.progress_fn().held, drained=True)
+                            self.on_checkpoint()
+                        last_ckpt = time.monotonic()
+                    progress = self.progress_fn()
+                    if sparse and progress.held:
+                        self._apply_records(progress.held)
+                    if progress.finished:
+                        break
+                    # wait for a free slot, but not longer than the progress period: the
+                    # reports carry the PS probes, and the Monitor needs them regularly also
+                    # when every closure is slow (a slow PS slows them all)
+                    if not slots.acquire(timeout=self.progress_seconds):
+                        continue
+                    pool.submit(settle, self.coordinator.schedule(self._train, args=(iterator,)))
+            self.coordinator.join()
+        finally:
+            if keeper is not None:
+                keeper.stop()
         if errors:
             raise errors[0]
         return self._result(t0)
