@@ -486,8 +486,18 @@ def run_vanilla(work: pathlib.Path, args, straggler: bool, static_thirds: bool =
             _wait_all([sync / "ready_chief"], [chief])
             if straggler:
                 throttle = CpuThrottle(cluster.procs["worker", 2].pid, args.slowdown).start()
+            import psutil
+
+            tasks = [psutil.Process(p.pid) for p in cluster.procs.values()]
+            cpu = CpuByRole()
+            cpu.sample(_procs(chief.pid, tasks))
             _touch(sync / "go")
-            chief.wait(timeout=1800)
+            deadline = time.monotonic() + 1800
+            while chief.poll() is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the chief did not finish")
+                cpu.sample(_procs(chief.pid, tasks))
+                time.sleep(0.25)
         finally:
             if throttle is not None:
                 throttle.stop()
@@ -501,7 +511,7 @@ def run_vanilla(work: pathlib.Path, args, straggler: bool, static_thirds: bool =
     ideal, rates = _ideal(total, r["records_per_worker"], busy)
     return {"jct": jct, "records": total, "ideal": ideal, "rates": rates,
             "records_per_worker": r["records_per_worker"], "coord_cpu": r["coordinator_cpu"],
-            "audit": r["audit"]}
+            "cpu": cpu.between(r["t_go"], r["t_end"]), "audit": r["audit"]}
 
 
 def run_tf1(work: pathlib.Path, args, straggler: bool) -> dict:
@@ -527,10 +537,19 @@ def run_tf1(work: pathlib.Path, args, straggler: bool) -> dict:
         _wait_all([sync / f"ready_{i}" for i in range(NUM_WORKERS)], workers)
         if straggler:
             throttle = CpuThrottle(workers[2].pid, args.slowdown).start()
+        import psutil
+
+        procs = [psutil.Process(x.pid) for x in [cluster.procs["ps", 0], *workers]]
+        cpu = CpuByRole()
+        cpu.sample(procs)
         t_go = time.time()
         _touch(sync / "go")
-        for w in workers:
-            w.wait(timeout=1800)
+        deadline = time.monotonic() + 1800
+        while any(w.poll() is None for w in workers):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the TF1 workers did not finish")
+            cpu.sample(procs)
+            time.sleep(0.25)
     finally:
         if throttle is not None:
             throttle.stop()
@@ -546,7 +565,9 @@ def run_tf1(work: pathlib.Path, args, straggler: bool) -> dict:
     per = [r["records"] for r in rs]
     ideal, rates = _ideal(sum(per), per, busy)
     return {"jct": jct, "records": sum(per), "ideal": ideal, "rates": rates,
-            "records_per_worker": per, "coord_cpu": rs[0]["cpu"], "audit": rs[0]["audit"]}
+            "records_per_worker": per, "coord_cpu": rs[0]["cpu"],
+            "cpu": cpu.between(t_go, t_go + jct),
+            "audit": rs[0]["audit"]}
 
 
 def _tree(pid: int):
@@ -568,14 +589,78 @@ def _find(procs, needle: str):
     return None
 
 
-def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float = 10.0,
-              api: str = "custom_loop") -> dict:
+ROLES = ("ps", "worker", "chief", "master", "agent", "launcher")
+
+
+def _role(cmdline: list) -> str:
+    cmd = " ".join(cmdline)
+    if "antdt_tf.tf.server" in cmd or "antdt-tf-server" in cmd:
+        return "ps" if "--job=ps" in cmd else "worker"
+    if any(k in cmd for k in ("antdt_tf.tf.keras_trainer", "antdt_tf.tf.coordinator",
+                              "--role=keras_chief", "--role=vanilla_chief")):
+        return "chief"
+    if "--role=tf1_worker" in cmd or "estimator_examples.train_mts" in cmd:
+        return "worker"
+    for needle, role in (("antdt_tf.master", "master"), ("antdt_tf.agent", "agent"),
+                         ("antdt_tf.launch", "launcher")):
+        if needle in cmd:
+            return role
+    return ""
+
+
+class CpuByRole:
+    """CPU seconds (user + system) per process role between two moments, from snapshots
+    polled every ~0.25 s: where a run's CPU goes — the platform's processes (PS,
+    workers, chief) and antdt-tf's own (master, agents, launcher) — on a machine where
+    the CPU is the limit. The moments are picked afterwards (antdt-tf's training start
+    is the master's, in its report). A process's CPU after its last snapshot is not
+    seen."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, dict]] = []   # (unix time, {pid: (role, cpu)})
+        self._roles: dict[int, str] = {}
+
+    def sample(self, procs) -> None:
+        import psutil
+
+        snap = {}
+        for p in procs:
+            try:
+                if p.pid not in self._roles:
+                    self._roles[p.pid] = _role(p.cmdline())
+                ct = p.cpu_times()
+            except psutil.Error:
+                continue
+            if self._roles[p.pid]:
+                snap[p.pid] = (self._roles[p.pid], ct.user + ct.system)
+        self.samples.append((time.time(), snap))
+
+    def between(self, t0: float, t1: float) -> dict:
+        at0: dict[int, float] = {}
+        at1: dict[int, tuple[str, float]] = {}
+        for t, snap in self.samples:
+            for pid, (role, cpu) in snap.items():
+                if t <= t0:
+                    at0[pid] = cpu
+                if t <= t1:
+                    at1[pid] = (role, cpu)
+        out = dict.fromkeys(ROLES, 0.0)
+        for pid, (role, cpu) in at1.items():
+            out[role] += cpu - at0.get(pid, 0.0)
+        return out
+
+
+def _procs(root_pid: int, extra=()):
     import psutil
 
-    from antdt_tf.errors import AntdtError
-    from antdt_tf.monitor.client import MonitorClient
-    from antdt_tf.sharding.client import ShardingClient
+    try:
+        return [psutil.Process(root_pid)] + _tree(root_pid) + list(extra)
+    except psutil.NoSuchProcess:
+        return list(extra)
 
+
+def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float = 10.0,
+              api: str = "custom_loop") -> dict:
     report = work / "report.json"
     cmd = [sys.executable, "-m", "antdt_tf.launch", "--num_ps=1", f"--num_workers={NUM_WORKERS}",
            f"--data={args.data}", "--eval_data=", f"--records_per_shard={args.records_per_shard}",
@@ -587,67 +672,37 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
         cmd.append(f"--inject=slow:worker:2:x{args.slowdown:g}@0s")
     with open(work / "launch.log", "ab") as log:
         launcher = subprocess.Popen(cmd, env=_env(), start_new_session=True, stdout=log, stderr=log)
-    admin = monitor = None
-    coord = None
-    cpu_start = cpu_last = None
-    t_start = None
-    last_count = [0] * NUM_WORKERS
-    last_change = [0.0] * NUM_WORKERS
+    # The job runs in a network namespace of its own (--private_network) with a token:
+    # the master is not reachable from here. Everything comes from its report; the CPU
+    # of every process of the job is sampled from outside (same PID namespace).
+    cpu = CpuByRole()
     try:
         deadline = time.monotonic() + 1800
         while launcher.poll() is None:
             if time.monotonic() > deadline:
                 raise TimeoutError("antdt-launch did not finish")
-            time.sleep(0.5)
-            tree = _tree(launcher.pid)
-            if admin is None:
-                master = _find(tree, "antdt_tf.master")
-                if master is None:
-                    continue
-                port = next(a.split("=", 1)[1] for a in master.cmdline() if a.startswith("--port="))
-                admin = ShardingClient(f"127.0.0.1:{port}", timeout=2)
-                monitor = MonitorClient(f"127.0.0.1:{port}")
-            c = _find(tree, "antdt_tf.tf.keras_trainer" if api == "keras"
-                      else "antdt_tf.tf.coordinator")
-            if c is not None and (coord is None or c.pid != coord.pid):
-                coord = c   # (a relaunch would restart the count; none is injected here)
-            try:
-                if t_start is None:
-                    p = admin.progress("train").datasets[0]
-                    if p.doing_shards or p.done_shards or p.finished:
-                        t_start = time.monotonic()
-                if coord is not None:
-                    ct = coord.cpu_times()
-                    cpu_last = ct.user + ct.system
-                    if t_start is not None and cpu_start is None:
-                        cpu_start = cpu_last
-                if t_start is not None:
-                    now = time.monotonic() - t_start
-                    for w, st in enumerate(monitor.status().trainer.workers[:NUM_WORKERS]):
-                        if st.records > last_count[w]:
-                            last_count[w], last_change[w] = st.records, now
-            except (AntdtError, psutil.Error, IndexError, StopIteration):
-                pass   # master not up yet / coordinator just exited: next poll
+            cpu.sample(_procs(launcher.pid))
+            time.sleep(0.25)
     finally:
         _killpg(launcher)
-        for c in (admin, monitor):
-            if c is not None:
-                c.close()
     if launcher.returncode != 0:
         raise RuntimeError(f"antdt-launch exited {launcher.returncode}; see {work / 'launch.log'}")
     r = json.loads(report.read_text())
     jct = r["jct_seconds"]
     per = r["records_per_worker"]
     last_steps = r["coordinator"].get("worker_last_step_unix") or []
+    last_change = [0.0] * NUM_WORKERS   # unknown (Keras, TF1): busy the whole JCT
     if last_steps and r.get("train_started_unix"):
         # each worker's own clock at its last step (a PS variable the step updates)
         last_change = [t - r["train_started_unix"] if t > 0 else 0.0 for t in last_steps]
     busy = [min(t, jct) if t > 0 else jct for t in last_change]
+    t0 = r.get("train_started_unix") or 0.0
+    by_role = cpu.between(t0, t0 + jct) if t0 else {}
     ideal, rates = _ideal(sum(per), per, busy)
     audit = {k: r["audit"][k] for k in ("applied_0", "applied_1", "applied_2plus")}
     return {"jct": jct, "records": sum(per), "ideal": ideal, "rates": rates,
-            "records_per_worker": per,
-            "coord_cpu": (cpu_last - cpu_start) if cpu_start is not None else float("nan"),
+            "records_per_worker": per, "cpu": by_role,
+            "coord_cpu": by_role.get("chief", float("nan")) if api != "mts" else float("nan"),
             "audit": audit}
 
 
@@ -727,6 +782,21 @@ def write_results(args, results: dict, started: str) -> None:
             f"{' / '.join(f'{x:,}' for x in per) if aud else '—'} | "
             + (f"{aud['applied_0']:,} / {aud['applied_1']:,} / {aud['applied_2plus']:,} |"
                if aud else "— |"))
+    lines += ["", "CPU seconds by process role during training (medians; polled every 0.25 s "
+              "from the start mark; the platform's: PS, workers, chief; antdt-tf's own: master, "
+              "agents, launcher), and CPU per 10k records:", "",
+              "| setup | straggler | " + " | ".join(ROLES) + " | total | total per 10k records |",
+              "|---|---|" + "---:|" * (len(ROLES) + 2)]
+    for (key, straggler), runs in results.items():
+        runs = [r for r in runs if r.get("cpu")]
+        if not runs:
+            continue
+        cells = [statistics.median(r["cpu"][role] for r in runs) for role in ROLES]
+        total = statistics.median(sum(r["cpu"].values()) for r in runs)
+        per10k = statistics.median(sum(r["cpu"].values()) / r["records"] * 1e4 for r in runs)
+        lines.append(f"| {SETUPS[key][0]} | {'x' + format(args.slowdown, 'g') if straggler else 'none'}"
+                     " | " + " | ".join(f"{c:.2f}" for c in cells)
+                     + f" | {total:.2f} | {per10k:.2f} |")
     lines.append("")
 
     def med_jct(k, s):
