@@ -1,7 +1,8 @@
 """``model.fit`` under ParameterServerStrategy, fed by the master (tf-keras).
 
 Keras 3 has no ParameterServerStrategy support, so this needs tf-keras 2.21 and
-``TF_USE_LEGACY_KERAS=1`` set before TensorFlow is imported. Three pieces::
+``TF_USE_LEGACY_KERAS=1`` set before TensorFlow is imported. Three pieces (the whole
+recipe for one's own model and data: docs/keras.md)::
 
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     import tensorflow as tf
@@ -11,8 +12,9 @@ Keras 3 has no ParameterServerStrategy support, so this needs tf-keras 2.21 and
         model = build_your_model()          # inputs: a dict of the decoded features
         model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=...)
     sharding = antdt_keras.ShardingCallback(master, "train", checkpoint_dir=ckpt_dir)
+    model = sharding.attach(model)          # wraps model.train_step (yours too)
     sharding.restore_or_initialize(model)   # model, optimizer and sharding state
-    model.fit(antdt_keras.dataset_creator(master, "train", batch_size=256),
+    model.fit(antdt_keras.dataset_creator(master, "train", batch_size=256, parse=...),
               epochs=1, steps_per_epoch=sharding.steps_upper_bound(256),
               callbacks=[sharding])
 
@@ -22,7 +24,7 @@ Keras 3 has no ParameterServerStrategy support, so this needs tf-keras 2.21 and
   ``CancelledError``, measured), so after the last shard it yields one-record padding
   batches with sample weight 0 — a no-op for SGD and Adagrad (momentum and Adam still
   move the weights a little on such steps).
-- :class:`ShardingCallback`: wraps the model's ``train_step`` so that the worker tells
+- :class:`ShardingCallback`: its ``attach`` wraps the model's ``train_step`` so that the worker tells
   the master how far its lease got (the same exactness as the custom loop: at most one
   batch per failure applied twice or lost), stops ``fit`` when the master says every
   epoch is done, and checkpoints model, optimizer and sharding state together at step
