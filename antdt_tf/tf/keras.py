@@ -24,8 +24,8 @@ recipe for one's own model and data: docs/keras.md)::
   ``CancelledError``, measured), so after the last shard it yields one-record padding
   batches with sample weight 0 — a no-op for SGD and Adagrad (momentum and Adam still
   move the weights a little on such steps).
-- :class:`ShardingCallback`: its ``attach`` wraps the model's ``train_step`` so that the worker tells
-  the master how far its lease got (the same exactness as the custom loop: at most one
+- :class:`ShardingCallback`: its ``attach`` wraps the model's ``train_step`` so that the
+  worker tells the master how far its lease got (the same exactness as the custom loop: at most one
   batch per failure applied twice or lost), stops ``fit`` when the master says every
   epoch is done, and checkpoints model, optimizer and sharding state together at step
   boundaries (it drains the scheduled steps first).
