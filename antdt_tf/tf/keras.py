@@ -333,10 +333,14 @@ class ShardingCallback(keras.callbacks.Callback):
                 # them — a step cut by a kill counts in `started` only (see applied_counts)
                 real_ids = tf.boolean_mask(tf.reshape(ids, [-1]), real)
                 ones = tf.IndexedSlices(tf.ones_like(real_ids, tf.int32), real_ids)
-                with tf.control_dependencies([started_var.scatter_add(ones)]):
+                # (run_step collects the ops: a partitioned counter, a ShardedVariable,
+                # returns neither a tensor nor an op)
+                _, begun = run_step(lambda: started_var.scatter_add(ones))
+                with tf.control_dependencies(begun):
                     logs, effects = run_step(step)
                 with tf.control_dependencies(effects):
-                    effects = effects + [applied_var.scatter_add(ones).op]
+                    _, counted = run_step(lambda: applied_var.scatter_add(ones))
+                effects = effects + counted
 
             def zero():
                 return tf.constant(0, tf.int64)
