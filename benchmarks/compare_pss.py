@@ -492,12 +492,8 @@ def run_vanilla(work: pathlib.Path, args, straggler: bool, static_thirds: bool =
             cpu = CpuByRole()
             cpu.sample(_procs(chief.pid, tasks))
             _touch(sync / "go")
-            deadline = time.monotonic() + 1800
-            while chief.poll() is None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the chief did not finish")
-                cpu.sample(_procs(chief.pid, tasks))
-                time.sleep(0.25)
+            _wait_sampling(cpu, lambda: _procs(chief.pid, tasks),
+                           lambda: chief.poll() is None, "the chief")
         finally:
             if throttle is not None:
                 throttle.stop()
@@ -544,12 +540,8 @@ def run_tf1(work: pathlib.Path, args, straggler: bool) -> dict:
         cpu.sample(procs)
         t_go = time.time()
         _touch(sync / "go")
-        deadline = time.monotonic() + 1800
-        while any(w.poll() is None for w in workers):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the TF1 workers did not finish")
-            cpu.sample(procs)
-            time.sleep(0.25)
+        _wait_sampling(cpu, lambda: procs, lambda: any(w.poll() is None for w in workers),
+                       "the TF1 workers")
     finally:
         if throttle is not None:
             throttle.stop()
@@ -577,16 +569,6 @@ def _tree(pid: int):
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-
-
-def _find(procs, needle: str):
-    for p in procs:
-        try:
-            if any(needle in part for part in p.cmdline()):
-                return p
-        except Exception:  # gone or not readable: not ours to look at
-            continue
-    return None
 
 
 ROLES = ("ps", "worker", "chief", "master", "agent", "launcher")
@@ -659,6 +641,16 @@ def _procs(root_pid: int, extra=()):
         return list(extra)
 
 
+def _wait_sampling(cpu: CpuByRole, procs, running, what: str, timeout: float = 1800) -> None:
+    """Samples ``procs()`` into ``cpu`` every 0.25 s while ``running()``."""
+    deadline = time.monotonic() + timeout
+    while running():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not finish")
+        cpu.sample(procs())
+        time.sleep(0.25)
+
+
 def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float = 10.0,
               api: str = "custom_loop") -> dict:
     report = work / "report.json"
@@ -677,12 +669,8 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
     # of every process of the job is sampled from outside (same PID namespace).
     cpu = CpuByRole()
     try:
-        deadline = time.monotonic() + 1800
-        while launcher.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError("antdt-launch did not finish")
-            cpu.sample(_procs(launcher.pid))
-            time.sleep(0.25)
+        _wait_sampling(cpu, lambda: _procs(launcher.pid), lambda: launcher.poll() is None,
+                       "antdt-launch")
     finally:
         _killpg(launcher)
     if launcher.returncode != 0:
@@ -794,8 +782,8 @@ def write_results(args, results: dict, started: str) -> None:
         cells = [statistics.median(r["cpu"][role] for r in runs) for role in ROLES]
         total = statistics.median(sum(r["cpu"].values()) for r in runs)
         per10k = statistics.median(sum(r["cpu"].values()) / r["records"] * 1e4 for r in runs)
-        lines.append(f"| {SETUPS[key][0]} | {'x' + format(args.slowdown, 'g') if straggler else 'none'}"
-                     " | " + " | ".join(f"{c:.2f}" for c in cells)
+        slow = "x" + format(args.slowdown, "g") if straggler else "none"
+        lines.append(f"| {SETUPS[key][0]} | {slow} | " + " | ".join(f"{c:.2f}" for c in cells)
                      + f" | {total:.2f} | {per10k:.2f} |")
     lines.append("")
 

@@ -22,7 +22,7 @@ from antdt_tf.tf.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PER_FILE, BATCH, SETTLE = 6_000, 128, 2.0
+PER_FILE, BATCH, SETTLE = 6_000, 128, 4.0   # the chief renews every 1 s: 3 s of slack
 
 
 def write_data(tmp_path) -> list[str]:

@@ -53,8 +53,9 @@ import tensorflow as tf
 import tf_keras as keras   # the [tf] extra installs it; TF_USE_LEGACY_KERAS=1 makes it tf.keras
 
 from antdt_tf.sharding.client import HeldLeaseKeeper
-from antdt_tf.tf.pull import (DEFAULT_TIMEOUT_MS, apply_lease_records, lease_record_shape,
-                              lease_record_update, pull_dataset, report_applied, run_step)
+from antdt_tf.tf.pull import (DEFAULT_TIMEOUT_MS, apply_lease_records, check_feature_names,
+                              lease_record_shape, lease_record_update, pull_dataset,
+                              report_applied, run_step)
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +117,7 @@ def dataset_creator(master: str, dataset: str, batch_size: int,
         if not isinstance(x, dict):
             raise TypeError("parse must return the features as a dict (the pipeline adds "
                             f"'record_id' and 'antdt' to it), got {type(x).__name__}")
-        taken = {"record_id", "antdt"} & set(x)
-        if taken:
-            raise ValueError(f"parse returned features named {sorted(taken)}: those names "
-                             "are the pipeline's own")
+        check_feature_names(x, "parse returned")
         x = dict(x, record_id=ids, antdt=meta)
         ones = tf.ones(tf.shape(ids), tf.float32)
         return x, y, ones if w is None else tf.cast(w, tf.float32) * ones
@@ -229,9 +227,10 @@ class ShardingCallback(keras.callbacks.Callback):
            while the master has nothing for this worker) and for the rest of a lease the
            master refused (it expired while its worker was silent: another worker trains
            it);
-        3. calls the model's ``train_step``, then (sparse reports) records the lease's
-           position on the PS, and reports to the master only after every variable
-           update of the step has landed.
+        3. (sparse reports) writes where the lease was before this batch on the PS,
+           then calls the model's ``train_step`` (so a kill that lets any of its updates
+           land finds the record current), and reports to the master only after every
+           variable update of the step has landed.
 
         What a custom ``train_step`` must respect: take ``sample_weight`` from
         ``keras.utils.unpack_x_y_sample_weight(data)`` and weight the loss with it (a

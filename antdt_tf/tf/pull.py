@@ -133,6 +133,18 @@ def _call(client, method: str, args, tout, timeout_ms: int, attempts: int = 6):
     return tf.cond(tf.equal(code, 0), lambda: values, lambda: retry(code))
 
 
+PIPELINE_KEYS = ("record_id", "antdt")   # what pull_dataset adds to every batch
+
+
+def check_feature_names(features, whose: str) -> None:
+    """Refuses features named like the pipeline's own entries (:data:`PIPELINE_KEYS`:
+    the record ids and the lease position), which would overwrite them."""
+    taken = sorted(set(PIPELINE_KEYS) & set(features))
+    if taken:
+        raise ValueError(f"{whose} features named {taken}: those names are the pipeline's "
+                         "own (record ids and lease position); rename them")
+
+
 def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS,
                  wait_markers: bool = False, wait_ms: int = -1,
@@ -211,11 +223,7 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
 
     def to_batch(raw, offset, d):
         batch = dict(record_format.decode(raw))
-        taken = {"record_id", "antdt"} & set(batch)
-        if taken:
-            raise ValueError(f"the record format decodes to {sorted(taken)}: those feature "
-                             "names are the pipeline's own (record ids and lease position); "
-                             "rename them in the format")
+        check_feature_names(batch, "the record format decodes to")
         n = tf.shape(offset)[0]
         batch["record_id"] = d["start"] + offset
         batch["antdt"] = {"lease": tf.fill([n], d["lease"]), "shard": tf.fill([n], d["shard"]),
