@@ -7,7 +7,7 @@ STAMP := $(VENV)/.antdt-installed
 PROTOC_VENV := .venv-protoc
 PROTOC_STAMP := $(PROTOC_VENV)/.installed
 
-.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-multihost bench-ray bench-compare bench-step-cost bench-scenarios bench-peer protos bazel-test clean
+.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-multihost bench-ray bench-compare bench-step-cost bench-keras-step-cost bench-scenarios bench-peer protos bazel-test clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -110,6 +110,9 @@ bench-compare: $(STAMP)
 
 bench-step-cost: $(STAMP)
 	$(PY) -m benchmarks.step_cost --rounds=24 --out benchmarks/results/step_cost.md
+
+bench-keras-step-cost: $(STAMP)
+	$(PY) -m benchmarks.keras_step_cost --rounds=16 --out benchmarks/results/keras_step_cost.md
 
 protos: $(PROTOC_STAMP)
 	$(PROTOC_VENV)/bin/python tools/gen_protos.py
