@@ -7,7 +7,7 @@ STAMP := $(VENV)/.antdt-installed
 PROTOC_VENV := .venv-protoc
 PROTOC_STAMP := $(PROTOC_VENV)/.installed
 
-.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-multihost bench-ray bench-compare bench-step-cost bench-keras-step-cost bench-scenarios bench-peer protos bazel-test clean
+.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-multihost bench-ray bench-compare bench-step-cost bench-keras-step-cost bench-scenarios bench-peer protos bazel-test docs clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): setup.py
 	# tensorflow-cpu (older checkouts) and tensorflow share files: remove it before
 	# installing tensorflow, never after
 	if $(PY) -m pip show -q tensorflow-cpu 2>/dev/null; then $(PY) -m pip uninstall -q -y tensorflow-cpu; fi
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,tf,ray]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,tf,ray,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -114,6 +114,11 @@ bench-step-cost: $(STAMP)
 bench-keras-step-cost: $(STAMP)
 	$(PY) -m benchmarks.keras_step_cost --rounds=16 --out benchmarks/results/keras_step_cost.md
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor
+# fails. docs/cli.md is generated from the flags: python tools/gen_cli_reference.py
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 protos: $(PROTOC_STAMP)
 	$(PROTOC_VENV)/bin/python tools/gen_protos.py
 
@@ -121,4 +126,4 @@ bazel-test: $(STAMP) $(PROTOC_STAMP)
 	bash tools/bazel_test.sh
 
 clean:
-	rm -rf $(VENV) $(PROTOC_VENV) $(TF215_VENV) build *.egg-info .pytest_cache bazel-*
+	rm -rf $(VENV) $(PROTOC_VENV) $(TF215_VENV) build site *.egg-info .pytest_cache bazel-*

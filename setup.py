@@ -39,6 +39,9 @@ setup(
             "hypothesis>=6.100",
         ],
         "bench": ["matplotlib>=3.8"],   # timelines of benchmarks/scenarios.py
+        # the documentation site (mkdocs.yml; `make docs`, tests/test_docs.py builds it
+        # with --strict); MkDocs 2 will not read this configuration
+        "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10"],
         # the Ray backend (antdt-launch --backend=ray); the same Ray on every node
         "ray": ["ray==2.60.0"],
     },
