@@ -1,8 +1,8 @@
 """The bounds the master enforces on what a request may ask for (documented in
-docs/security-master-input.md). Every request is checked against them before anything
-is journaled, so no request can make the master's state unrepresentable (int64 fields,
-a snapshot larger than a gRPC message) or exhaust its memory; one that exceeds them is
-refused with INVALID_ARGUMENT and changes nothing."""
+docs/security.md, "Requests the master refuses"). Every request is checked against
+them before anything is journaled, so no request can make the master's state
+unrepresentable (int64 fields, a snapshot larger than a gRPC message) or exhaust its
+memory; one that exceeds them is refused with INVALID_ARGUMENT and changes nothing."""
 
 # ---- datasets (RegisterDataset, RestoreState)
 MAX_DATASETS = 1000                 # registered at once

@@ -159,8 +159,9 @@ _STRING_LISTS = ("chief_addresses", "ps_addresses", "worker_addresses")
 
 
 def _check_ranges(spec) -> None:
-    """Every field of a JobSpec within its documented range (docs/security-master-input.md):
-    numbers finite and bounded, strings bounded and without NUL, lists bounded."""
+    """Every field of a JobSpec within its documented range (docs/security.md,
+    "Requests the master refuses"): numbers finite and bounded, strings bounded and
+    without NUL, lists bounded."""
     for field in spec.DESCRIPTOR.fields:
         name, value = field.name, getattr(spec, field.name)
         if name in _INT_RANGES:

@@ -4,7 +4,7 @@ The Keras counterpart of ``antdt-coordinator`` (same flags, same report, same ex
 codes: 0 done, 75 a cluster task is unavailable — relaunch once it is back, 1 other):
 builds ``ParameterServerStrategy``, the Keras DeepFM, and runs ``model.fit`` on
 :func:`antdt_tf.tf.keras.dataset_creator` with a :class:`~antdt_tf.tf.keras.ShardingCallback`.
-It is also the complete example of the Keras integration (see the README).
+It is also a complete example of the Keras integration (docs/keras.md).
 """
 
 from __future__ import annotations
