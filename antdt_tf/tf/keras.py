@@ -195,8 +195,7 @@ class ShardingCallback(keras.callbacks.Callback):
         self.worker_slots = worker_slots
         self.settle_seconds = settle_seconds
         self.lease_record = None
-        self.unreported = None    # per worker: (micros, steps) of steps not reported yet
-        self.refused_lease = None
+        self.worker_state = None  # per worker: refused lease, (micros, steps) unreported
         self.settled = 0          # held leases settled from the record
         self._last_check = time.monotonic()
         self.manager = None
@@ -257,27 +256,31 @@ class ShardingCallback(keras.callbacks.Callback):
             raise ValueError("pass worker_slots > 0 (the job's largest worker index + 1): "
                              "the strategy does not say")
         self._num_workers = workers or slots
-        if self.refused_lease is None:
+        if self.worker_state is None:
             with strategy.scope():
-                # per worker: a lease the master refused a report of (expired while its
-                # holder was silent, restored): its further batches are skipped
-                self.refused_lease = tf.Variable(tf.fill([slots], tf.constant(-1, tf.int64)),
-                                                 trainable=False, name="antdt_refused_lease")
+                # per worker: (a lease the master refused a report of — expired while its
+                # holder was silent, restored: its further batches are skipped; with
+                # sparse reports the worker's own time and steps since its last report,
+                # the Monitor's BPT: gaps between reports would count as idle time).
+                # One variable, read and written unconditionally: a PS op inside a
+                # tf.cond costs the step more than the op itself (keras_step_cost)
+                self.worker_state = tf.Variable(
+                    tf.tile(tf.constant([[-1, 0, 0]], tf.int64), [slots, 1]),
+                    trainable=False, name="antdt_worker_state")
         if self.sparse_reports and self.lease_record is None:
             with strategy.scope():
-                # not checkpointed: a restore re-issues every lease anyway
+                # not checkpointed: a restore re-issues every lease anyway; one row more
+                # than the trainers' record: padding batches write there (no tf.cond)
+                rows, cols = lease_record_shape(slots)
                 self.lease_record = tf.Variable(
-                    tf.fill(lease_record_shape(slots), tf.constant(-1, tf.int64)), trainable=False,
+                    tf.fill([rows + 1, cols], tf.constant(-1, tf.int64)), trainable=False,
                     name="antdt_lease_record")
-                # the worker's own time in the steps a sparse report covers (the
-                # Monitor's BPT: gaps between reports would count as idle time)
-                self.unreported = tf.Variable(tf.zeros([slots, 2], tf.int64),
-                                              trainable=False, name="antdt_unreported")
         original = model.train_step
         master, dataset, timeout_ms = self.master, self.dataset, self.timeout_ms
-        applied_var, record_var, unreported = self.applied, self.lease_record, self.unreported
+        applied_var, record_var, state_var = self.applied, self.lease_record, self.worker_state
         started_var = self.started
-        refused_var = self.refused_lease
+        trash_row = 2 * slots
+        sparse = self.sparse_reports
 
         def train_step(data):
             start = tf.timestamp()    # the batch is here: the step's own time from now
@@ -290,20 +293,18 @@ class ShardingCallback(keras.callbacks.Callback):
             lease = tf.reduce_max(vec["lease"])   # a batch never spans leases
             # a refused lease is not this worker's any more: its batch trains with
             # sample weight 0 (no gradient for SGD) and counts nowhere
-            skip = tf.logical_and(lease >= 0, tf.equal(
-                tf.reshape(tf.gather(refused_var, row), []), lease))
+            # the worker's row, read once: only this worker's steps write it, one at a
+            # time, and each step's write is ordered before the next step's read (one
+            # resource) — so it is current, and nothing waits on another read later
+            state = tf.reshape(tf.gather(state_var, row), [3])
+            refused = state[0]
+            skip = tf.logical_and(lease >= 0, tf.equal(refused, lease))
             keep = tf.cast(tf.logical_not(skip), tf.float32)
             w = keep * tf.ones_like(vec["lease"], tf.float32) if w is None else (
                 w * tf.cast(keep, w.dtype))
             real = tf.logical_and(vec["lease"] >= 0, tf.logical_not(skip))
             any_real = tf.reduce_any(real)
-
-            def record():
-                # where the lease was before this batch (a batch never spans leases)
-                n = tf.reduce_sum(tf.cast(real, tf.int64))
-                lease_record_update(record_var, meta["worker"], meta["incarnation"], lease,
-                                    tf.reduce_max(vec["applied"]) - n, n)
-                return tf.constant(0, tf.int64)
+            n = tf.reduce_sum(tf.cast(real, tf.int64))
 
             def step():
                 if record_var is None:
@@ -312,15 +313,18 @@ class ShardingCallback(keras.callbacks.Callback):
                 # the step: if a kill lets any of them land, the record says so, and the
                 # settle re-trains this batch only (written beside them, a kill could
                 # land updates but not the record: the batch before, applied in full,
-                # would be trained again too — two batches)
-                written = tf.cond(any_real, record, lambda: tf.constant(0, tf.int64))
+                # would be trained again too — two batches). A padding or skipped batch
+                # writes the spare row, which nothing reads.
+                written = lease_record_update(
+                    record_var, meta["worker"], meta["incarnation"], lease,
+                    tf.reduce_max(vec["applied"]) - n, n, real=any_real, spare_row=trash_row)
                 with tf.control_dependencies([written]):
                     return original((x, y, w))
 
             report = {k: tf.boolean_mask(vec[k], real)
                       for k in ("lease", "shard", "epoch", "applied")}
             due = any_real
-            if record_var is not None:   # a lease's last batch, or a lease wanted per batch
+            if sparse:   # a lease's last batch, or a lease wanted per batch
                 due = tf.logical_and(any_real, tf.logical_or(
                     tf.equal(tf.reduce_min(vec["sparse"]), 0),
                     tf.equal(tf.reduce_max(vec["applied"]), tf.reduce_max(vec["length"]))))
@@ -340,42 +344,28 @@ class ShardingCallback(keras.callbacks.Callback):
                 with tf.control_dependencies(effects):
                     _, counted = run_step(lambda: applied_var.scatter_add(ones))
                 effects = effects + counted
+            zero = tf.constant(0, tf.int64)
 
-            def zero():
-                return tf.constant(0, tf.int64)
-
-            def refuse():
-                refused_var.scatter_update(tf.IndexedSlices(tf.reshape(lease, [1]), row))
-                return zero()
-
-            def send(micros=None, steps=None):
-                rejected = report_applied(master, dataset, dict(
+            def send():
+                timing = dict(micros=state[1] + this, steps=state[2] + 1) if sparse else {}
+                return report_applied(master, dataset, dict(
                     report, worker=meta["worker"], incarnation=meta["incarnation"]),
-                    timeout_ms, micros=micros, steps=steps)
-                tf.cond(rejected > 0, refuse, zero)
-                return rejected
+                    timeout_ms, **timing)
 
             with tf.control_dependencies(effects):
-                if unreported is None:   # every batch reported, timed by the gaps
-                    tf.cond(due, send, zero)
-                    return logs
                 this = tf.cast((tf.timestamp() - start) * 1e6, tf.int64)
-
-                def send_sparse():
-                    before = tf.reshape(tf.gather(unreported, row), [2])
-                    rejected = send(before[0] + this, before[1] + 1)
-                    with tf.control_dependencies([rejected]):
-                        unreported.scatter_update(tf.IndexedSlices(
-                            tf.zeros([1, 2], tf.int64), row))
-                    return rejected
-
-                def accumulate():
-                    unreported.scatter_add(tf.IndexedSlices(
-                        tf.reshape(tf.stack([this, tf.constant(1, tf.int64)]), [1, 2]), row))
-                    return zero()
-
-                tf.cond(due, send_sparse,
-                        lambda: tf.cond(any_real, accumulate, zero))
+                rejected = tf.cond(due, send, lambda: zero)   # the RPC runs on the worker
+            # one unconditional update of the row: a refused lease noted; the time
+            # added up, or reset once reported
+            if sparse:
+                timing = tf.where(due, -state[1:], tf.where(
+                    any_real, tf.stack([this, tf.constant(1, tf.int64)]),
+                    tf.zeros([2], tf.int64)))
+            else:
+                timing = tf.zeros([2], tf.int64)
+            delta = tf.concat([tf.reshape(tf.where(rejected > 0, lease - state[0], zero), [1]),
+                               timing], 0)
+            state_var.scatter_add(tf.IndexedSlices(tf.reshape(delta, [1, 3]), row))
             return logs
 
         model.train_step = train_step
@@ -438,7 +428,8 @@ class ShardingCallback(keras.callbacks.Callback):
         self._last_check = time.monotonic()
         if self.lease_record is not None and (progress.held or drained):
             apply_lease_records(self.client.apply_lease_record, self.dataset,
-                                self.lease_record.numpy(), progress.held, drained=drained)
+                                self.lease_record.numpy()[:-1], progress.held,
+                                drained=drained)
             self.settled += len(progress.held)
         if progress.finished and self.model is not None:
             self.model.stop_training = True

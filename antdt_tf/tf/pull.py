@@ -243,6 +243,11 @@ def no_records(spec):
         lambda t: tf.zeros([0 if d is None else d for d in t.shape], t.dtype), spec)
 
 
+# stateful only in that they read a resource: nothing to wait for before a report
+_READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd",
+                    "VarIsInitializedOp", "VariableShape"})
+
+
 def run_step(step_fn, *args):
     """Calls ``step_fn(*args)`` while a graph function is built and returns
     ``(result, effects)``: every stateful op the step created.
@@ -255,7 +260,8 @@ def run_step(step_fn, *args):
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
     result = step_fn(*args)
-    effects = [op for op in graph.get_operations()[first:] if op._is_stateful]
+    effects = [op for op in graph.get_operations()[first:]
+               if op._is_stateful and op.type not in _READS]
     return result, effects
 
 
@@ -313,22 +319,30 @@ def lease_record_shape(worker_slots: int) -> list[int]:
     return [2 * worker_slots, 4]
 
 
-def lease_record_update(record, worker, incarnation, lease, before, records):
+def lease_record_update(record, worker, incarnation, lease, before, records,
+                        real=None, spare_row=None):
     """Sparse reports, the recording side: the op that writes ``(incarnation, lease,
     applied before the batch, records in the batch)`` into the worker's row of
     ``record`` (an int64 variable on the PS, :func:`lease_record_shape`). Run it beside
     the step's updates: where the lease was *before* the batch is a fact once the step
     runs; ``before + records`` is where it is once the step has landed, which only a
     trainer that drained its steps may assume. :func:`apply_lease_records` reads the
-    rows back. Every trainer's step uses this."""
+    rows back. Every trainer's step uses this.
+
+    ``real`` (a bool tensor) and ``spare_row`` (a row past the workers', filled with -1):
+    a batch with no real records writes -1s there instead — for a step that writes
+    unconditionally, without a ``tf.cond`` around a PS op."""
     def i64(v):
         return tf.cast(tf.reshape(v, []), tf.int64)
 
     incarnation = i64(incarnation)
     row = 2 * i64(worker) + tf.math.floormod(incarnation, 2)
-    return record.scatter_update(tf.IndexedSlices(
-        tf.reshape(tf.stack([incarnation, i64(lease), i64(before), i64(records)]), [1, 4]),
-        tf.reshape(row, [1])))
+    values = tf.stack([incarnation, i64(lease), i64(before), i64(records)])
+    if real is not None:
+        row = tf.where(real, row, tf.constant(spare_row, tf.int64))
+        values = tf.where(real, values, tf.constant(-1, tf.int64))
+    return record.scatter_update(tf.IndexedSlices(tf.reshape(values, [1, 4]),
+                                                  tf.reshape(row, [1])))
 
 
 def apply_lease_records(record_fn, dataset: str, rows, held=(), drained: bool = False) -> None:
