@@ -203,14 +203,21 @@ def test_the_report_waits_for_every_update_of_the_step(master):
     def step():
         v.assign_sub(0.5)
         audit.scatter_add(tf.IndexedSlices(tf.ones([2], tf.int32), c64([0, 1])))
+        return v.read_value()
+
+    awaited = []
 
     @tf.function
     def train():
         _, effects = pull.run_step(step)
+        awaited.extend(op.type for op in effects)
         with tf.control_dependencies(effects):
             pull.report_applied(master.address, "d", meta, timeout_ms=5000)
 
     graph = train.get_concrete_function().graph
+    # the writes are awaited, the step's reads are not (a PS read crossing to the
+    # worker per step for nothing)
+    assert sorted(awaited) == ["AssignSubVariableOp", "ResourceScatterAdd"], awaited
     updates = [op for op in graph.get_operations()
                if op.type in ("AssignSubVariableOp", "ResourceScatterAdd")]
     assert len(updates) == 2

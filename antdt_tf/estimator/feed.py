@@ -72,14 +72,20 @@ class ShardFeed:
     variable created by :meth:`input_fn` under the device scope in effect — a PS under
     ``replica_device_setter`` / Estimator, where it survives the worker — with
     ``2 * worker_slots`` rows (worker indices must stay below ``worker_slots``).
+    ``prefetch_batches``: batches leased, read and decoded ahead of the step (0: none),
+    so the next batch is ready when the step asks; a refused lease's batches are still
+    dropped at the step (see :meth:`dataset_fn`).
     """
 
     def __init__(self, master: str, dataset: str, batch_size: int, worker: Optional[int] = None,
                  parse: Optional[Callable] = None, worker_wait_seconds: Optional[float] = 0.5,
                  is_chief: Optional[bool] = None, worker_device: Optional[str] = None,
-                 sparse_reports: bool = True, worker_slots: int = 64):
+                 sparse_reports: bool = True, worker_slots: int = 64,
+                 prefetch_batches: int = 2):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        if prefetch_batches < 0:
+            raise ValueError(f"prefetch_batches must be >= 0, got {prefetch_batches}")
         job, index = _task_from_tf_config()
         if worker_device is None and job in ("chief", "worker"):
             worker_device = f"/job:{job}/task:{index}"
@@ -99,6 +105,7 @@ class ShardFeed:
         self.worker = worker
         self.sparse_reports, self.worker_slots = sparse_reports, worker_slots
         self.parse = parse
+        self.prefetch_batches = prefetch_batches
         self.client = TfRpcClient(master, dataset, worker)
         self.worker_device = worker_device
         self.refused_lease = None       # set by dataset_fn
@@ -125,9 +132,14 @@ class ShardFeed:
         ds = pull_dataset(self.master, self.dataset, self.batch_size, worker=self.worker,
                           sparse_reports=self.sparse_reports)
         refused = self.refused_lease
+        # leases, reads and decoding run ahead of the step (prefetch), the refusal check
+        # does not: the filter reads the variable when the step takes its batch, so a
+        # refusal reported after the step before skips every later batch of the lease,
+        # prefetched or not. Nothing may read ahead *after* the filter: a batch
+        # buffered there before a refusal would be trained twice (tf.data would inject a
+        # prefetch at the end of the pipeline: turned off below)
+        ds = ds.prefetch(self.prefetch_batches) if self.prefetch_batches else ds
         ds = ds.filter(lambda b: tf.not_equal(b["antdt"]["lease"][0], refused.read_value()))
-        # nothing read ahead of the filter: tf.data would inject a prefetch at the end of
-        # the pipeline, and a batch prefetched before a refusal would be trained twice
         options = tf.data.Options()
         options.experimental_optimization.apply_default_optimizations = False
         options.experimental_optimization.inject_prefetch = False
