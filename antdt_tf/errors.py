@@ -103,3 +103,11 @@ class Unschedulable(AntdtError):
 
 class JobConflict(AntdtError):
     """A job was submitted to a master that runs another one (ALREADY_EXISTS)."""
+
+
+class MasterUnavailable(AntdtError):
+    """The master could not be reached within the call's deadline."""
+
+
+class RpcFailed(AntdtError):
+    """A service answered with an error that has no antdt-tf type (e.g. INTERNAL)."""

@@ -46,13 +46,6 @@ def adopt_parent_death() -> None:
         os._exit(1)
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` variant, only for single-threaded parents (see the module doc);
-    prefer ``env=child_env()``."""
-    if sys.platform.startswith("linux"):
-        _set_pdeathsig()
-
-
 def exit_now(code: int, message: str = "", program: str = "antdt") -> None:
     """Flushes and leaves at once. ClusterCoordinator's destructor waits for every failed
     task to come back (its failure handler keeps reconnecting), so a TF chief that lost a

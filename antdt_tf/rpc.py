@@ -12,9 +12,10 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
+from antdt_tf import errors
 from antdt_tf.errors import (ERROR_METADATA_KEY, AntdtError, DatasetConflict, bounded,
                              IncompatibleState, InvalidRequest, JobConflict, LeaseNotHeld,
-                             StaleGeneration,
+                             MasterUnavailable, RpcFailed, StaleGeneration,
                              StaleIncarnation, TaskAlreadyRunning, UnknownDataset, UnknownTask)
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,22 @@ ERROR_CODES: dict[type, grpc.StatusCode] = {
     TaskAlreadyRunning: grpc.StatusCode.FAILED_PRECONDITION,
     StaleGeneration: grpc.StatusCode.FAILED_PRECONDITION,
 }
+
+
+def raise_typed(e: grpc.RpcError, what: str, unavailable=None):
+    """The client side of the error mapping: re-raises a failed call as the antdt-tf
+    error the service raised (named in the trailing metadata); an unreachable peer as
+    ``unavailable`` (default :class:`MasterUnavailable`); anything else as
+    :class:`RpcFailed`. ``what`` names the call in the message."""
+    name = dict(e.trailing_metadata() or ()).get(ERROR_METADATA_KEY)
+    cls = getattr(errors, name, None) if name else None
+    if isinstance(cls, type) and issubclass(cls, AntdtError):
+        raise cls(e.details()) from e
+    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        cls = unavailable or MasterUnavailable
+        peer = "master" if cls is MasterUnavailable else "peer"
+        raise cls(f"{what}: {peer} unreachable ({e.code().name}: {e.details()})") from e
+    raise RpcFailed(f"{what}: {e.code().name}: {e.details()}") from e
 
 
 # so_reuseport=0: a second master on the same port fails instead of sharing it.

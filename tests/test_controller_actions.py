@@ -34,7 +34,7 @@ def test_antdt_nd_relaunches_a_persistent_worker_straggler_on_another_host(tmp_p
     assert act["from_host"] != act["to_host"]
     assert "straggler" in act["reason"] and "slower than the median worker" in act["reason"]
     audit = report["audit"]
-    assert audit["applied_0"] + audit["applied_1"] + audit["applied_2plus"] == report["records"]
+    assert audit["applied_0"] == 0, audit                   # nothing lost
     assert audit["applied_other"] <= 256 and audit["ok"]      # the one batch in flight
     assert "RelaunchWorker worker:2" in out
 

@@ -29,7 +29,7 @@ def check_complete(report, kills):
     audit = report["audit"]
     assert audit["expected_times"] == 1
     assert audit["applied_other"] <= kills * 128, audit
-    assert audit["applied_0"] + audit["applied_1"] + audit["applied_2plus"] == report["records"]
+    assert audit["applied_0"] == 0, audit                   # nothing lost
     assert sum(report["records_per_worker"]) >= report["records"] - kills * 128
     assert 0.5 < report["auc"] < 1.0
 

@@ -25,13 +25,13 @@ class AgentClient:
 
     def _call(self, method: str, request, timeout: Optional[float] = None,
               wait_for_ready: bool = True):
-        from antdt_tf.sharding.client import _raise_typed
+        from antdt_tf.rpc import raise_typed
 
         try:
             return getattr(self._stub, method)(request, timeout=timeout or self.timeout,
                                                wait_for_ready=wait_for_ready)
         except grpc.RpcError as e:
-            _raise_typed(e, f"agent {self.address} {method}", AgentUnavailable)
+            raise_typed(e, f"agent {self.address} {method}", AgentUnavailable)
 
     def start(self, job: str, index: int, program: int, args, generation: int = 0,
               endpoint: str = "", memory_limit_bytes: int = 0) -> cpb.TaskStatus:

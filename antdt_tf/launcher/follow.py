@@ -39,13 +39,13 @@ class JobClient:
         self.address, self.timeout = address, timeout
 
     def _call(self, method: str, request, wait: bool = True):
-        from antdt_tf.sharding.client import _raise_typed
+        from antdt_tf.rpc import raise_typed
 
         try:
             return getattr(self._stub, method)(request, timeout=self.timeout,
                                                wait_for_ready=wait)
         except grpc.RpcError as e:
-            _raise_typed(e, f"master {self.address} {method}")
+            raise_typed(e, f"master {self.address} {method}")
 
     def submit(self, spec: jpb.JobSpec) -> jpb.JobStatus:
         return self._call("SubmitJob", jpb.SubmitJobRequest(spec=spec))

@@ -102,9 +102,6 @@ class MasterServer:
             self.servicer.tick()
             self.monitor.view.tick()
 
-    async def wait_for_termination(self) -> None:
-        await self._server.wait_for_termination()
-
     async def stop(self, grace: float = 5.0) -> None:
         """Goes NOT_SERVING, drains in-flight calls for ``grace`` seconds, flushes state."""
         if self._server is None:

@@ -26,13 +26,13 @@ class MonitorClient:
         self._seq = itertools.count(1)
 
     def _call(self, method: str, request, wait: bool):
-        from antdt_tf.sharding.client import _raise_typed
+        from antdt_tf.rpc import raise_typed
 
         try:
             return getattr(self._stub, method)(request, timeout=self.timeout,
                                                wait_for_ready=wait)
         except grpc.RpcError as e:
-            _raise_typed(e, method)
+            raise_typed(e, method)
 
     def report_agent(self, host: str, agent_address: str, tasks, advertise: str = "",
                      task_ports: tuple[int, int] = (0, 0), load_per_cpu: float = 0.0) -> bool:

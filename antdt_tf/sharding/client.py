@@ -23,6 +23,8 @@ from typing import Iterator, Optional, Sequence, Union
 import grpc
 
 from antdt_tf import auth, errors
+from antdt_tf.errors import MasterUnavailable, RpcFailed  # noqa: F401 (part of this API)
+from antdt_tf.rpc import raise_typed
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.proto import sharding_pb2_grpc as pb_grpc
 from antdt_tf.sharding.plan import DatasetSpec
@@ -44,14 +46,6 @@ _SERVICE_CONFIG = json.dumps({
 })
 
 
-class MasterUnavailable(errors.AntdtError):
-    """The master could not be reached within the call's deadline."""
-
-
-class RpcFailed(errors.AntdtError):
-    """The master answered with an error that has no antdt-tf type (e.g. INTERNAL)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Task:
     """Who is asking: a task of the job and its incarnation."""
@@ -65,18 +59,6 @@ class Task:
 
     def __str__(self):
         return f"{self.type}:{self.index}#{self.incarnation}"
-
-
-def _raise_typed(e: grpc.RpcError, what: str, unavailable=None):
-    name = dict(e.trailing_metadata() or ()).get(errors.ERROR_METADATA_KEY)
-    cls = getattr(errors, name, None) if name else None
-    if isinstance(cls, type) and issubclass(cls, errors.AntdtError):
-        raise cls(e.details()) from e
-    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        cls = unavailable or MasterUnavailable
-        peer = "master" if cls is MasterUnavailable else "peer"
-        raise cls(f"{what}: {peer} unreachable ({e.code().name}: {e.details()})") from e
-    raise RpcFailed(f"{what}: {e.code().name}: {e.details()}") from e
 
 
 class ShardingClient:
@@ -108,7 +90,7 @@ class ShardingClient:
             return getattr(self._stub, method)(request, timeout=timeout or self.timeout,
                                                wait_for_ready=True)
         except grpc.RpcError as e:
-            _raise_typed(e, method)
+            raise_typed(e, method)
 
     def _next_request_id(self) -> int:
         self._request_seq += 1
@@ -388,7 +370,7 @@ class ShardStream:
                 code = e.code() if isinstance(e, grpc.RpcError) else grpc.StatusCode.UNAVAILABLE
                 if timed_out or code not in _RECONNECT:
                     if isinstance(e, grpc.RpcError) and not timed_out:
-                        _raise_typed(e, f"ShardStream.{field}")
+                        raise_typed(e, f"ShardStream.{field}")
                     raise MasterUnavailable(
                         f"ShardStream.{field}: no answer from {self._client.address} within "
                         f"{self._client.timeout:.0f}s") from e

@@ -22,7 +22,8 @@ import grpc
 
 from antdt_tf import auth, errors
 from antdt_tf.proto import tf_rpc_pb2 as tpb
-from antdt_tf.sharding.client import MasterUnavailable, _raise_typed
+from antdt_tf.errors import MasterUnavailable
+from antdt_tf.rpc import raise_typed
 
 STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
 _CALL = "/tensorflow.rpc.RpcService/Call"
@@ -104,7 +105,7 @@ class TfRpcClient:
                 return [_out(t) for t in resp.output_tensors]
             except grpc.RpcError as e:
                 try:
-                    _raise_typed(e, method)
+                    raise_typed(e, method)
                 except MasterUnavailable:
                     if time.monotonic() >= give_up:
                         raise
