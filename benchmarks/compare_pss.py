@@ -12,7 +12,9 @@ into a temp dir), with batch ``--batch_size``, on 1 PS + 3 workers, each a separ
 process on 127.0.0.1. Each setup runs without and with a straggler: worker 2 slowed
 ``--slowdown`` x (4) by ``antdt_tf.agent.throttle.CpuThrottle`` (SIGSTOP/SIGCONT duty
 cycling — a real CPU slowdown) for the whole training phase. The six runs are repeated
-back to back in ``--rounds`` paired rounds; the table gives medians.
+back to back in ``--rounds`` paired rounds (odd rounds in reverse order, after one
+uncounted warm-up run: the first job after the data is written runs slow); the table
+gives medians.
 
 Setups
 ------
@@ -849,6 +851,8 @@ def write_results(args, results: dict, started: str) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, choices=(0, 1),
+                    help="1: one uncounted run of the first setup before the rounds")
     ap.add_argument("--records", type=int, default=120_000)
     ap.add_argument("--batch_size", type=int, default=256)
     ap.add_argument("--buckets", type=int, default=1 << 16)
@@ -890,9 +894,18 @@ def main():
     print(f"data: {args.data} ({args.records:,} records); work dir {work}", flush=True)
     started = time.strftime("%Y-%m-%d")
     results = {(k, s): [] for s in (False, True) for k in args.setups}
+    if args.warmup:
+        # the first job after the data is written runs slower (seen: bare Keras 10.5 and
+        # 11.6 s in round 0, 3.4-7.0 s after): one run of the first setup, not counted
+        run_dir = work / "warmup"
+        run_dir.mkdir()
+        r = SETUPS[args.setups[0]][1](run_dir, args, False)
+        print(f"warm-up {SETUPS[args.setups[0]][0]} JCT {r['jct']:.2f} s (not counted)",
+              flush=True)
     for rnd in range(args.rounds):
         for straggler in {"both": (False, True), "none": (False,), "only": (True,)}[args.stragglers]:
-            for key in args.setups:
+            # odd rounds in reverse order: no setup always runs first or last
+            for key in (args.setups if rnd % 2 == 0 else args.setups[::-1]):
                 run_dir = work / f"r{rnd}-{key}-{'slow' if straggler else 'none'}"
                 run_dir.mkdir()
                 t = time.monotonic()
