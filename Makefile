@@ -43,7 +43,7 @@ venv-tf215: $(TF215_STAMP)
 
 # The whole suite, multi-process tests included.
 test: $(STAMP) $(PROTOC_STAMP) $(TF215_STAMP)
-	PYTHONPATH=$(CURDIR) $(TF215_VENV)/bin/python -m pytest -q tests/test_estimator_tf215.py
+	PYTHONPATH=$(CURDIR) $(TF215_VENV)/bin/python -m pytest -q tests/test_estimator_tf215.py tests/test_tf_internals.py
 	$(PY) -m pytest -q tests
 
 # Unit and in-process service tests only (skips the tests marked slow).

@@ -95,6 +95,7 @@ def _measure(args, address, data, num_records, cluster, master, psutil) -> dict:
     from antdt_tf.models.keras_deepfm import build_keras_deepfm
     from antdt_tf.tf import keras as antdt_keras
     from antdt_tf.tf.cluster_spec import make_strategy
+    from antdt_tf.tf import tf_internals
     from antdt_tf.tf.reader import decode_records
 
     keras = tf.keras
@@ -106,7 +107,7 @@ def _measure(args, address, data, num_records, cluster, master, psutil) -> dict:
                       loss=keras.losses.BinaryCrossentropy(), steps_per_execution=spe)
     # fit() makes this (one per strategy) and its train function schedules on it
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    model._cluster_coordinator = coordinator
+    tf_internals.set_keras_coordinator(model, coordinator)
     own_step = model.train_step
 
     def local_fn(_context):

@@ -1,6 +1,6 @@
 """The chief of keras_examples.own_model with one test hook: while ``--block_file``
-exists, the chief's main thread waits in a callback (and says so in ``<block_file>.waiting``) (as it would in a long checkpoint
-join, an evaluation or a user's own slow callback) — so a test can kill a worker while
+exists, the chief's main thread waits in a callback (and says so in
+``<block_file>.waiting``) (as it would in a long checkpoint join, an evaluation or a user's own slow callback) — so a test can kill a worker while
 the chief cannot settle anything."""
 
 import os
@@ -18,10 +18,12 @@ def main(argv):
     del argv
     import tensorflow as tf
 
+    from antdt_tf.tf.tf_internals import accept_remote_logs
+
     class BlockWhileFileExists(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self._supports_tf_logs = True   # under PSS: no fetch of every step's logs
+            accept_remote_logs(self)   # under PSS: no fetch of every step's logs
 
         def on_train_batch_end(self, batch, logs=None):
             if not (FLAGS.block_file and os.path.exists(FLAGS.block_file)):

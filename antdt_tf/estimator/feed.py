@@ -240,9 +240,9 @@ def shorten_session_wait(seconds: float) -> None:
     """Lowers TF's ``SessionManager`` default ``recovery_wait_secs`` (30 s) in this
     process: a non-chief worker then checks every ``seconds`` whether the chief has
     initialized the model, instead of sleeping 30 s after its first look."""
-    from tensorflow.python.training import session_manager
+    from antdt_tf.tf.tf_internals import session_manager_class
 
-    init = session_manager.SessionManager.__init__
+    init = session_manager_class().__init__
     names = init.__code__.co_varnames[1:init.__code__.co_argcount]
     defaults = list(init.__defaults__)
     first = len(names) - len(defaults)

@@ -53,6 +53,8 @@ import tensorflow as tf
 import tf_keras as keras   # the [tf] extra installs it; TF_USE_LEGACY_KERAS=1 makes it tf.keras
 
 from antdt_tf.sharding.client import HeldLeaseKeeper
+from antdt_tf.tf import tf_internals
+from antdt_tf.tf.tf_internals import accept_remote_logs
 from antdt_tf.tf.pull import (DEFAULT_TIMEOUT_MS, apply_lease_records, check_feature_names,
                               lease_record_shape, lease_record_update, pull_dataset,
                               report_applied, run_step)
@@ -181,7 +183,7 @@ class ShardingCallback(keras.callbacks.Callback):
         self._num_workers = 1
         from antdt_tf.sharding.client import ShardingClient
 
-        self._supports_tf_logs = True    # batch hooks under PSS (they see RemoteValues)
+        accept_remote_logs(self)         # batch hooks under PSS (they see RemoteValues)
         self.master, self.dataset = master, dataset
         self.client = ShardingClient(master)
         self.checkpoint_dir = checkpoint_dir
@@ -249,7 +251,7 @@ class ShardingCallback(keras.callbacks.Callback):
                 self.started = tf.Variable(tf.zeros([self.audit_records], tf.int32),
                                            trainable=False, name="antdt_started")
         # PSS keeps its resolver privately (strategy.cluster_resolver is None)
-        resolver = getattr(strategy, "_cluster_resolver", None)
+        resolver = tf_internals.cluster_resolver(strategy)
         workers = len(resolver.cluster_spec().as_dict().get("worker", [])) if resolver else 0
         slots = max(self.worker_slots, workers)
         if slots <= 0:
@@ -416,7 +418,7 @@ class ShardingCallback(keras.callbacks.Callback):
     # -------------------------------------------------------------- hooks
 
     def _coordinator(self):
-        return getattr(self.model, "_cluster_coordinator", None)
+        return tf_internals.keras_coordinator(self.model)
 
     def settle(self, drained: bool = False) -> int:
         """Sparse reports: settles the leases the master holds for dead or silent
@@ -449,8 +451,7 @@ class ShardingCallback(keras.callbacks.Callback):
         return path
 
     def on_train_begin(self, logs=None):
-        spe = getattr(self.model, "_steps_per_execution", None)
-        spe = int(spe.numpy()) if spe is not None else 1
+        spe = tf_internals.steps_per_execution(self.model)
         self._ahead_limit = max(-(-self.max_ahead // spe), 2 * self._num_workers)
         if self.lease_record is not None and self._keeper is None:
             # the master keeps dead workers' sparse leases for this chief however long
@@ -485,7 +486,7 @@ class ShardingCallback(keras.callbacks.Callback):
         on (TF-private; without it, it falls back to fetching the oldest): no copy, no
         remote read on another thread — the settles' PS reads stay on this one."""
         while len(self._ahead) > self._ahead_limit:
-            events = [getattr(s, "_status_available_event", None) for s in self._ahead]
+            events = [tf_internals.completion_event(s) for s in self._ahead]
             if any(e is None for e in events):
                 try:
                     self._ahead.popleft().fetch()   # waits for that step (main thread)
@@ -498,7 +499,7 @@ class ShardingCallback(keras.callbacks.Callback):
                 s for s, e in zip(self._ahead, events) if not e.is_set())
             if len(self._ahead) <= self._ahead_limit:
                 return
-            self._ahead[0]._status_available_event.wait(0.01)
+            tf_internals.completion_event(self._ahead[0]).wait(0.01)
             if (self.lease_record is not None
                     and time.monotonic() - self._last_check >= self.settle_seconds):
                 self.settle()
@@ -553,7 +554,7 @@ class ClusterMonitorCallback(keras.callbacks.Callback):
         from antdt_tf.monitor.client import MonitorClient
         from antdt_tf.sharding.client import ShardingClient
 
-        self._supports_tf_logs = True
+        accept_remote_logs(self)
         self.dataset, self.probe, self.incarnation = dataset, probe, incarnation
         self.report_seconds = report_seconds
         self._own_client = client is None

@@ -28,7 +28,8 @@ Both training APIs use it: :class:`PullTrainer` (custom loop over ``ClusterCoord
 many steps per closure, so the fixed cost per shard is one RPC) and the Keras path
 (``antdt_tf.tf.keras``).
 
-The RPC ops live in a private TensorFlow module (``gen_rpc_ops``); a test pins them.
+The RPC ops live in a private TensorFlow module (``gen_rpc_ops``, through
+:mod:`antdt_tf.tf.tf_internals`, whose test pins them).
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ import threading
 import time
 
 import tensorflow as tf
-from tensorflow.distribute.experimental.rpc.kernels import gen_rpc_ops as _rpc
-
 from antdt_tf import auth
 from antdt_tf.sharding.client import HeldLeaseKeeper
+from antdt_tf.tf.tf_internals import is_stateful, rpc_ops
+
+_rpc = rpc_ops()
 
 STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
 DEFAULT_TIMEOUT_MS = 60_000
@@ -261,7 +263,7 @@ def run_step(step_fn, *args):
     first = len(graph.get_operations())
     result = step_fn(*args)
     effects = [op for op in graph.get_operations()[first:]
-               if op._is_stateful and op.type not in _READS]
+               if is_stateful(op) and op.type not in _READS]
     return result, effects
 
 
