@@ -15,7 +15,7 @@ $(STAMP): setup.py
 	# tensorflow-cpu (older checkouts) and tensorflow share files: remove it before
 	# installing tensorflow, never after
 	if $(PY) -m pip show -q tensorflow-cpu 2>/dev/null; then $(PY) -m pip uninstall -q -y tensorflow-cpu; fi
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,tf,ray,docs]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,tf,ray,docs,kubernetes]'
 	touch $(STAMP)
 
 install: $(STAMP)

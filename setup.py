@@ -37,6 +37,9 @@ setup(
             "pytest>=8",
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",
+            # the Kubernetes objects the backend creates and deploy/kubernetes/ are
+            # checked against the API's OpenAPI schemas
+            "kubernetes-validate>=1.37",
         ],
         "bench": ["matplotlib>=3.8"],   # timelines of benchmarks/scenarios.py
         # the documentation site (mkdocs.yml; `make docs`, tests/test_docs.py builds it
@@ -44,6 +47,9 @@ setup(
         "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10"],
         # the Ray backend (antdt-launch --backend=ray); the same Ray on every node
         "ray": ["ray==2.60.0"],
+        # the Kubernetes backend (antdt-master --kubernetes_*, antdt-launch
+        # --backend=kubernetes)
+        "kubernetes": ["kubernetes>=31"],
     },
     entry_points={
         "console_scripts": [

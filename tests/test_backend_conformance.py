@@ -7,12 +7,21 @@
 
 Tasks are ``antdt-probe-task`` processes (real processes that serve a TCP port and exit
 or allocate memory on cue), so the suite runs in seconds. The Ray and Kubernetes
-backends must pass the same tests.
+backends pass the same tests:
+
+- ``ray``: a three-node Ray cluster on loopback;
+- ``kubernetes``: the Kubernetes backend on the unmodified ``kubernetes`` client against
+  a stateful fake API server with a fake kubelet that runs every pod as a real process
+  (``tests/kubefake``); every object the backend creates passes the API's schema check;
+- ``kubernetes-cluster`` (``-m kubernetes``): the same tests against a real cluster,
+  when ``ANTDT_TEST_KUBECONFIG`` names one (skipped otherwise; docs/kubernetes.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import socket
 import time
 from typing import Callable
@@ -35,6 +44,10 @@ class Env:
     hosts: list[str]
     lose: Callable[[str], None]         # every process of that host dies at once
     new_backend: Callable[[], ClusterBackend]   # another backend over the same hosts
+    # SIGKILL the process of a launch (not through the backend: a fault)
+    kill: Callable[[ClusterBackend, object], None] = (
+        lambda backend, info: os.kill(info.pid, signal.SIGKILL))
+    resolve: Callable[[str], str] = lambda endpoint: endpoint   # the cluster's DNS
 
 
 def _local_env(tmp_path):
@@ -99,14 +112,84 @@ def _ray_env(tmp_path, monkeypatch):
             backend.release_all()
 
 
-@pytest.fixture(params=["local", "agents", "ray"])
+def _kubernetes_env(tmp_path):
+    import kubefake
+
+    from antdt_tf.backends.kubernetes import KubernetesBackend, KubernetesSettings
+
+    settings = KubernetesSettings(namespace="antdt-conformance", job="conf", image="antdt-tf:test",
+                                  unschedulable_seconds=5)
+    with kubefake.FakeCluster(nodes=["h0", "h1", "h2"], eviction_seconds=1.0) as fake:
+        backends = []
+
+        def new_backend():
+            b = KubernetesBackend(settings, client=fake.api_client(), watch_seconds=5)
+            backends.append(b)
+            return b
+
+        def kill(backend, info):
+            fake.kill_container(settings.namespace, backend.pod_name(info.name), 9)
+
+        def resolve(endpoint):
+            host, port = endpoint.rsplit(":", 1)
+            ip = fake.resolve(host)
+            assert ip, f"the cluster DNS has no address for {host}"
+            return f"{ip}:{port}"
+        backend = new_backend()
+        try:
+            yield Env(backend, ["h0", "h1", "h2"], fake.lose_node, new_backend, kill, resolve)
+        finally:
+            for b in backends:
+                b.close()
+
+
+def _kubernetes_cluster_env(tmp_path):
+    """A real cluster (``ANTDT_TEST_KUBECONFIG``, namespace ``ANTDT_TEST_NAMESPACE``,
+    image ``ANTDT_TEST_IMAGE``): host loss and killing a process are not the test's to
+    do there, so the tests that need them skip."""
+    kubeconfig = os.environ.get("ANTDT_TEST_KUBECONFIG")
+    if not kubeconfig:
+        pytest.skip("no real cluster: set ANTDT_TEST_KUBECONFIG (docs/kubernetes.md)")
+    from antdt_tf.backends.kubernetes import KubernetesBackend, KubernetesSettings, api_client
+
+    settings = KubernetesSettings(
+        namespace=os.environ.get("ANTDT_TEST_NAMESPACE", "antdt-test"),
+        job=f"conf{os.getpid() % 100000}",
+        image=os.environ.get("ANTDT_TEST_IMAGE", "antdt-tf:latest"))
+    backends = []
+
+    def new_backend():
+        b = KubernetesBackend(settings, client=api_client(kubeconfig))
+        backends.append(b)
+        return b
+
+    def unsupported(*_):
+        pytest.skip("not done to a real cluster's nodes or processes")
+    backend = new_backend()
+    hosts = [h.name for h in backend.hosts()][:3]
+    if len(hosts) < 3:
+        pytest.skip("the conformance suite needs three Ready nodes")
+    try:
+        yield Env(backend, hosts, unsupported, new_backend, unsupported)
+    finally:
+        backend.release_all()
+        for b in backends:
+            b.close()
+
+
+@pytest.fixture(params=["local", "agents", "ray", "kubernetes",
+                        pytest.param("kubernetes-cluster", marks=pytest.mark.kubernetes)])
 def env(request, tmp_path, monkeypatch):
     if request.param == "local":
         yield from _local_env(tmp_path)
     elif request.param == "agents":
         yield from _agents_env(tmp_path, monkeypatch)
-    else:
+    elif request.param == "ray":
         yield from _ray_env(tmp_path, monkeypatch)
+    elif request.param == "kubernetes":
+        yield from _kubernetes_env(tmp_path)
+    else:
+        yield from _kubernetes_cluster_env(tmp_path)
 
 
 def _wait(cond, timeout: float, what: str):
@@ -136,14 +219,16 @@ def wait_state(backend, name: TaskName, state: TaskState, timeout: float = 30):
     return state_of(backend, name)
 
 
-def reach(endpoint: str) -> str:
-    host, port = endpoint.rsplit(":", 1)
-    deadline = time.monotonic() + 20
+def reach(endpoint: str, resolve=lambda e: e) -> str:
+    """What the task at ``endpoint`` answers (``resolve``: the cluster's DNS, asked
+    again on every try, as a relaunched task's address changes under its name)."""
+    deadline = time.monotonic() + 30
     while True:
         try:
+            host, port = resolve(endpoint).rsplit(":", 1)
             with socket.create_connection((host, int(port)), timeout=2) as c:
                 return c.recv(64).decode().strip()
-        except OSError:
+        except (OSError, AssertionError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
@@ -157,12 +242,13 @@ def test_a_launch_serves_at_its_endpoint_and_a_retried_launch_runs_nothing_twice
     spec = probe(b, name, host)
     first = b.launch(spec, host)
     assert first.running and first.host == host and first.endpoint == spec.endpoint
-    assert reach(spec.endpoint) == "probe worker:0"        # reachable from another host
+    assert reach(spec.endpoint, env.resolve) == "probe worker:0"  # reachable from elsewhere
+    assert first.pid or first.uid                            # something tells runs apart
     again = b.launch(spec, host)                             # a retried launch
-    assert again.pid == first.pid and again.running
+    assert (again.pid, again.uid) == (first.pid, first.uid) and again.running
     info = b.tasks()[name.key]
-    assert (info.name, info.host, info.pid, info.state) == (name, host, first.pid,
-                                                           TaskState.RUNNING)
+    assert (info.name, info.host, info.pid, info.uid, info.state) == (
+        name, host, first.pid, first.uid, TaskState.RUNNING)
 
 
 def test_task_ends_map_to_one_failure_vocabulary(env):
@@ -182,11 +268,8 @@ def test_task_ends_map_to_one_failure_vocabulary(env):
     assert wait_state(b, done, TaskState.SUCCEEDED).failure is None
     f = wait_state(b, crash, TaskState.FAILED).failure
     assert (f.kind, f.exit_code) == (FailureKind.EXITED, 3) and "code 3" in str(f)
-    import os
-    import signal
-
     wait_state(b, killed, TaskState.RUNNING)
-    os.kill(victim.pid, signal.SIGKILL)       # a process the test's agent started
+    env.kill(b, victim)                        # a process the test's agent (kubelet) started
     f = wait_state(b, killed, TaskState.FAILED).failure
     assert (f.kind, f.exit_code) == (FailureKind.KILLED, -9)
     wait_state(b, stopped, TaskState.RUNNING)
@@ -209,7 +292,7 @@ def test_relaunch_away_from_a_host_with_generation_fencing(env):
     spec = probe(b, g2, other)
     moved = b.launch(spec, other)
     assert moved.host == other and moved.name == g2
-    assert reach(spec.endpoint) == "probe worker:2"
+    assert reach(spec.endpoint, env.resolve) == "probe worker:2"
     if b.capabilities.stable_endpoints:
         assert spec.endpoint == b.endpoint("worker", 2, first_host)
     elif len({h.address for h in b.hosts()}) > 1:
@@ -268,20 +351,25 @@ def test_a_new_backend_sees_what_runs_and_launches_nothing_twice(env):
                        (TaskName("worker", 0, 2), env.hosts[2])):
         specs[name] = (probe(b, name, host), host)
         b.launch(*specs[name])
-    before = {k: i.pid for k, i in b.tasks().items()}
+    before = {k: (i.pid, i.uid) for k, i in b.tasks().items()}
     fresh = env.new_backend()
-    _wait(lambda: len(fresh.hosts()) == 3, 30, "the hosts")
+    _wait(lambda: len(fresh.hosts()) >= 3, 30, "the hosts")
     seen = fresh.tasks()
-    assert {k: (i.name, i.pid, i.running) for k, i in seen.items()} == {
+    assert {k: (i.name, (i.pid, i.uid), i.running) for k, i in seen.items()} == {
         n.key: (n, before[n.key], True) for n in specs}
     for name, (spec, host) in specs.items():
-        assert fresh.launch(spec, host).pid == before[name.key]     # nothing started twice
+        again = fresh.launch(spec, host)
+        assert (again.pid, again.uid) == before[name.key]        # nothing started twice
     with pytest.raises(StaleGeneration):
         fresh.launch(probe(fresh, TaskName("ps", 0, 3), env.hosts[1]), env.hosts[1])
 
 
 def test_slow_down_throttles_the_real_process(env):
     b = env.backend
+    if not b.capabilities.fault_injection:
+        with pytest.raises(NotImplementedError):
+            b.slow_down(TaskName("worker", 0), 3.0)
+        pytest.skip(f"{type(b).__name__} has no fault injection (capabilities)")
     name = TaskName("worker", 0)
     b.launch(probe(b, name, env.hosts[0]), env.hosts[0])
     wait_state(b, name, TaskState.RUNNING)

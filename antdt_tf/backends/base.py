@@ -142,6 +142,7 @@ class TaskInfo:
     cpu_seconds: float = 0.0
     rss_bytes: int = 0
     slowdown: float = 1.0
+    uid: str = ""             # what identifies this run where there is no pid (a pod's uid)
 
     @property
     def running(self) -> bool:
