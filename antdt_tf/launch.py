@@ -67,10 +67,16 @@ flags.DEFINE_integer("max_workers", 0, "Worker slots the job may scale out to (p
 flags.DEFINE_integer("num_hosts", 0, "Simulated hosts (one agent each); tasks are placed "
                      "round-robin. 0: one host per worker. --backend=agents: wait until "
                      "this many hosts registered with the master (0: 1).")
-flags.DEFINE_enum("backend", "local", ["local", "agents", "ray"], "Where the tasks run: local = "
-                  "simulated hosts on this machine (an agent each, on loopback; the launcher "
-                  "starts the master); agents = the real hosts whose antdt-agent registered "
-                  "with the running master at --master (see docs/backends.md).")
+flags.DEFINE_enum("backend", "local", ["local", "agents", "ray", "kubernetes"], "Where the "
+                  "tasks run: local = simulated hosts on this machine (an agent each, on "
+                  "loopback; the launcher starts the master); agents = the real hosts whose "
+                  "antdt-agent registered with the running master at --master (see "
+                  "docs/backends.md); ray = the nodes of a Ray cluster (docs/ray.md); "
+                  "kubernetes = pods the antdt-master running in --namespace creates "
+                  "(docs/kubernetes.md).")
+flags.DEFINE_string("namespace", "", "--backend=kubernetes: the namespace the job's "
+                    "antdt-master runs in (deploy/kubernetes/); its Service is the default "
+                    "--master.")
 flags.DEFINE_string("ray_address", "auto", "--backend=ray: the Ray cluster to run on "
                     "(HOST:PORT of its GCS, or auto: the cluster of this machine). Needs "
                     "RAY_AUTH_TOKEN as on the cluster's nodes (docs/ray.md).")
@@ -78,8 +84,10 @@ flags.DEFINE_string("ray_namespace", "", "--backend=ray: the job's Ray namespace
                     "master and task actors are named (default: one derived from --workdir).")
 flags.DEFINE_string("task_ports", "", "--backend=ray: FIRST-LAST, the ports the job's TF "
                     "tasks serve on, outside Ray's own ports (default 23000-23999).")
-flags.DEFINE_string("master", "", "--backend=agents: host:port of the running antdt-master "
-                    "the hosts' agents report to. Every process needs the job's token "
+flags.DEFINE_string("master", "", "--backend=agents|kubernetes: host:port of the running "
+                    "antdt-master (agents: the one the hosts' agents report to; kubernetes: "
+                    "default antdt-master.<namespace>.svc.cluster.local:7470, or 127.0.0.1:7470 "
+                    "through kubectl port-forward). Every process needs the job's token "
                     "($ANTDT_JOB_TOKEN) when it listens beyond loopback.")
 flags.DEFINE_float("host_timeout_seconds", 10.0, "--backend=agents: a host whose agent was "
                    "not heard from for this long is lost; its tasks are relaunched on the "
@@ -153,6 +161,13 @@ flags.DEFINE_float("replace_ps_cost_seconds", 30.0, "Cost model: first estimate 
 flags.DEFINE_float("min_gain_seconds", 2.0, "Cost model: act only when the job is expected "
                    "to finish at least this much sooner.")
 
+def master_address() -> str:
+    """--master, else (kubernetes) the Service of the master in --namespace."""
+    if FLAGS.master or FLAGS.backend != "kubernetes":
+        return FLAGS.master
+    return f"antdt-master.{FLAGS.namespace}.svc.cluster.local:7470"
+
+
 def config_from_flags() -> JobConfig:
     if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
         raise app.UsageError("--num_ps and --num_workers must be >= 1")
@@ -172,9 +187,25 @@ def config_from_flags() -> JobConfig:
                                  "kill (it runs on its own host)")
         if FLAGS.host_timeout_seconds <= 0:
             raise app.UsageError("--host_timeout_seconds must be > 0")
+    elif FLAGS.backend == "kubernetes":
+        if not FLAGS.namespace and not FLAGS.master:
+            raise app.UsageError("--backend=kubernetes needs --namespace=NS (where the job's "
+                                 "antdt-master runs; deploy/kubernetes/) or --master")
+        if FLAGS.api != "custom_loop" or FLAGS.max_workers > FLAGS.num_workers:
+            raise app.UsageError("--backend=kubernetes runs --api=custom_loop jobs without "
+                                 "--max_workers for now (docs/kubernetes.md)")
+        if not FLAGS.data or not FLAGS.workdir:
+            raise app.UsageError("--backend=kubernetes needs --data and --workdir: paths on "
+                                 "the job's volume as the master's pod sees them (e.g. "
+                                 "/antdt/data/train.adtr, /antdt/jobs/j1)")
+        if FLAGS.inject:
+            raise app.UsageError("--backend=kubernetes: fault injection is not done to a "
+                                 "cluster's pods (--inject)")
     elif FLAGS.master:
-        raise app.UsageError("--master goes with --backend=agents (the local and ray "
-                             "backends start their own master)")
+        raise app.UsageError("--master goes with --backend=agents or kubernetes (the local "
+                             "and ray backends start their own master)")
+    if FLAGS.namespace and FLAGS.backend != "kubernetes":
+        raise app.UsageError("--namespace goes with --backend=kubernetes")
     if FLAGS.backend == "ray":
         if os.environ.get("RAY_AUTH_MODE", "token") == "token" and not (
                 os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
@@ -255,8 +286,15 @@ def config_from_flags() -> JobConfig:
                              "estimates >= 0")
     # Nothing is created before every check passed: a refused job leaves no workdir.
     # Absolute paths: the master that runs the job may have another working directory.
+    remote = FLAGS.backend == "kubernetes"    # paths on the cluster's volume, not here
+    if remote:
+        for flag in ("workdir", "data", "eval_data", "checkpoint_dir"):
+            value = getattr(FLAGS, flag)
+            if value and not os.path.isabs(value):
+                raise app.UsageError(f"--{flag}={value}: --backend=kubernetes takes absolute "
+                                     "paths on the job's volume")
     workdir = pathlib.Path(FLAGS.workdir).resolve() if FLAGS.workdir else None
-    if workdir is not None:
+    if workdir is not None and not remote:
         if workdir.exists() and not workdir.is_dir():
             raise app.UsageError(f"--workdir={workdir} exists and is not a directory")
         if (workdir / "master").exists() or (workdir / "checkpoints").exists():
@@ -266,12 +304,12 @@ def config_from_flags() -> JobConfig:
         path = getattr(FLAGS, flag)
         if path and (problem := exitcodes.output_file_problem(path, f"--{flag}")):
             raise app.UsageError(problem)
-    if FLAGS.checkpoint_dir and pathlib.Path(FLAGS.checkpoint_dir).exists() and not \
-            pathlib.Path(FLAGS.checkpoint_dir).is_dir():
+    if not remote and FLAGS.checkpoint_dir and pathlib.Path(FLAGS.checkpoint_dir).exists() \
+            and not pathlib.Path(FLAGS.checkpoint_dir).is_dir():
         raise app.UsageError(f"--checkpoint_dir={FLAGS.checkpoint_dir} is not a directory")
     data, eval_data = (str(pathlib.Path(f).resolve()) if f else "" for f in
                        (FLAGS.data, FLAGS.eval_data))
-    if data:
+    if data and not remote:       # (the master checks the data when it takes the job)
         from antdt_tf.data.records import RecordFile
         try:
             RecordFile(data)
@@ -288,12 +326,12 @@ def config_from_flags() -> JobConfig:
                              "and --checkpoint_every_shards >= 1")
     cfg = JobConfig(
         num_ps=FLAGS.num_ps, num_workers=FLAGS.num_workers,
-        num_hosts=FLAGS.num_hosts or (1 if FLAGS.backend in ("agents", "ray")
+        num_hosts=FLAGS.num_hosts or (1 if FLAGS.backend in ("agents", "ray", "kubernetes")
                                       else FLAGS.num_workers),
         task_ports=FLAGS.task_ports,
         ray_namespace=(FLAGS.ray_namespace or "(from the workdir)") if FLAGS.backend == "ray"
         else "",
-        data=data, eval_data=eval_data, backend=FLAGS.backend, master=FLAGS.master,
+        data=data, eval_data=eval_data, backend=FLAGS.backend, master=master_address(),
         host_timeout_seconds=FLAGS.host_timeout_seconds,
         epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
         records_per_shard=FLAGS.records_per_shard, shuffle=FLAGS.shuffle,
@@ -320,7 +358,8 @@ def config_from_flags() -> JobConfig:
     try:
         if workdir is None:
             workdir = pathlib.Path(tempfile.mkdtemp(prefix="antdt-job-")).resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
+        if not remote:        # the master creates the workdir on the job's volume
+            workdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise app.UsageError(f"--workdir={workdir} cannot be created: {e.strerror}") from e
     if not data:
@@ -342,6 +381,7 @@ def main(argv):
     auth.flag_tls()       # checked before config_from_flags creates the workdir
     cfg = config_from_flags()
     where = (f"the hosts registered with {cfg.master}" if cfg.agents
+             else f"the pods of the master at {cfg.master}" if cfg.backend == "kubernetes"
              else f"the nodes of the Ray cluster at {FLAGS.ray_address}" if cfg.ray
              else f"{cfg.num_hosts} simulated host(s)")
     print(f"antdt-launch: {cfg.num_ps} PS, {cfg.num_workers} workers on {where}; "
@@ -349,7 +389,7 @@ def main(argv):
     for inj in cfg.injections:
         print(f"  inject: {inj}", file=sys.stderr)
     try:
-        if cfg.agents:
+        if cfg.agents or cfg.backend == "kubernetes":
             from antdt_tf.launcher.follow import follow
 
             report = follow(cfg, cfg.master)

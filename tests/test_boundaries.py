@@ -21,7 +21,7 @@ def test_pure_cores_import_no_framework(module):
 
 def test_service_layer_imports_no_tensorflow():
     code = ("import sys, json, antdt_tf.sharding.client, antdt_tf.master.__main__, "
-            "antdt_tf.monitor.view, antdt_tf.monitor.service; "
+            "antdt_tf.monitor.view, antdt_tf.monitor.service, antdt_tf.backends.kubernetes; "
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "tensorflow" not in json.loads(out.stdout)
@@ -87,8 +87,78 @@ def test_imports_point_one_way():
     bad = []
     for places, forbidden in rules.items():
         for place in places:
-            files = [pkg / place] if place.endswith(".py") else sorted((pkg / place).glob("*.py"))
+            files = [pkg / place] if place.endswith(".py") else sorted((pkg / place).rglob("*.py"))
             for f in files:
                 bad += [f"{f.relative_to(pkg)} imports {m}" for m in imported(f)
                         if m.startswith(forbidden)]
     assert not bad, bad
+
+
+def _module_graph(pkg) -> dict:
+    """Module -> the package modules it imports at module level (imports inside a
+    function run later, when both modules are loaded, and cannot form a cycle)."""
+    import ast
+
+    mods = {}
+    for p in pkg.rglob("*.py"):
+        parts = p.relative_to(pkg.parent).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                    here = here[:len(here) - node.level + 1]
+                    base = ".".join(here + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in mods:
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def _cycles(graph: dict) -> list:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on.discard(comp[-1])
+            if len(comp) > 1:
+                out.append(sorted(comp))
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    import pathlib
+
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    graph = _module_graph(pathlib.Path(__file__).resolve().parent.parent / "antdt_tf")
+    assert len(graph) > 50 and graph["antdt_tf.sharding.state.ledger"] >= {
+        "antdt_tf.sharding.state.records", "antdt_tf.errors"}       # the graph is read
+    assert _cycles(graph) == []

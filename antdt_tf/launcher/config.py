@@ -125,7 +125,7 @@ def generate_data(workdir: pathlib.Path, train: int, held_out: int, seed: int):
 
 
 _ENUMS = {"api": ("custom_loop", "keras", "mts", "estimator"), "mode": ("async", "bsp"),
-          "data_path": ("pull", "closure"), "backend": ("local", "agents", "ray")}
+          "data_path": ("pull", "closure"), "backend": ("local", "agents", "ray", "kubernetes")}
 _SKIP = ("workdir", "injections", "addresses", "progress", "master")
 
 

@@ -156,7 +156,13 @@ def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = Non
     from antdt_tf.monitor.client import MonitorClient
     from antdt_tf.sharding.client import ShardingClient
 
-    job = _Follower(cfg, RecordFile(cfg.data).num_records)
+    try:
+        num_records = RecordFile(cfg.data).num_records
+    except (AntdtError, OSError):
+        if cfg.backend != "kubernetes":
+            raise
+        num_records = 0       # on the cluster's volume only: progress without a total
+    job = _Follower(cfg, num_records)
     mine: list[dict] = []              # the launcher's own events (the embedded master)
     kills = sorted((j for j in cfg.injections if j.job == "master"),
                    key=lambda j: (j.percent, j.at))

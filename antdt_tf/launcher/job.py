@@ -34,10 +34,13 @@ class JobRunner:
     """One job: agents, master, PS, workers, coordinator, and the supervision loop."""
 
     def __init__(self, cfg: JobConfig, master_address: str, on_event=None,
-                 resume: Optional[dict] = None):
+                 resume: Optional[dict] = None, backend_factory=None):
         """``master_address``: the master this runner runs in (the tasks reach it there);
         ``on_event(event)``: every event, to persist; ``resume``: the state a previous
-        runner of this job saved (``saved_state()``), to carry on after a restart."""
+        runner of this job saved (``saved_state()``), to carry on after a restart;
+        ``backend_factory()``: the job's backend where the master's operator configures
+        it (Kubernetes: ``antdt-master --kubernetes_*``)."""
+        self.backend_factory = backend_factory
         from antdt_tf.data.records import RecordFile
 
         self.cfg = cfg
@@ -110,7 +113,9 @@ class JobRunner:
         from antdt_tf.backends.local import LoopbackAgentsBackend
 
         cfg = self.cfg
-        if cfg.ray:
+        if self.backend_factory is not None:
+            self.backend = self.backend_factory()
+        elif cfg.ray:
             self.backend = self._ray_backend()
         elif cfg.agents:
             self.backend = AgentsBackend(MasterRendezvous(self.master_address),
@@ -127,6 +132,8 @@ class JobRunner:
                 raise RuntimeError(
                     f"only {len(hosts)} of {want} hosts " + (
                         "are alive nodes of the Ray cluster within 120 s" if cfg.ray else
+                        "are Ready nodes of the Kubernetes cluster within 120 s"
+                        if cfg.backend == "kubernetes" else
                         f"registered with the master at {self.master_address} within "
                         "120 s (start antdt-agent --master=... on each host)"))
             time.sleep(0.2)
@@ -842,9 +849,13 @@ class JobRunner:
         }
         if "audit" in coord:
             audit = dict(coord["audit"])
-            # each kill (injected, or a relaunch's) may redo the one batch in flight
+            # each kill may redo the one batch in flight: injected, a relaunch's, or a
+            # fault from outside (a worker or PS that died on its own, a lost host; an
+            # injected kill's failure reads "killed" and is counted once, above)
+            outside = [ev for ev in self.events if ev.get("failure") not in (None, "killed")
+                       and ev.get("task", "").startswith(("worker:", "ps:"))]
             faults = len([j for j in cfg.injections if j.kind == "kill"]) + len(
-                [a for a in self.actions if a.kind == "RelaunchWorker"])
+                [a for a in self.actions if a.kind == "RelaunchWorker"]) + len(outside)
             bound = faults * cfg.batch_size
             # a torn step (Keras audit: begun, cut by the kill, trained again) was
             # partly applied twice: it counts against the same one-batch bound

@@ -27,7 +27,7 @@ class ProgressLine:
         from tqdm import tqdm
 
         self.job, self.admin, self.monitor = job, admin, monitor
-        self.total = job.num_records * job.cfg.epochs
+        self.total = job.num_records * job.cfg.epochs or None   # None: not known here
         self.tty = enabled and sys.stderr.isatty()
         self.enabled = enabled
         self.bar = tqdm(total=self.total, unit="rec", unit_scale=True, dynamic_ncols=True,
@@ -61,6 +61,9 @@ class ProgressLine:
                                             or p.finished)
         self.finished = p.finished
         total_shards = p.shards_per_epoch * p.num_epochs
+        if self.total is None and p.records_per_epoch:   # the data is not readable here
+            self.total = p.records_per_epoch * p.num_epochs
+            self.bar.total = self.total
         shards = total_shards if p.finished else p.shards_per_epoch * p.epoch + p.done_shards
         per_worker = [w.records for w in status.trainer.workers] or [
             t.records_done for t in sorted((t for t in full.tasks if t.task.type == "worker"),
@@ -84,10 +87,10 @@ class ProgressLine:
             rate, eta = 0.0, "?"
             if self.first_progress and now > self.first_progress[0]:
                 rate = (self.records - self.first_progress[1]) / (now - self.first_progress[0])
-                if rate > 0:
+                if rate > 0 and self.total:
                     eta = f"{(self.total - self.records) / rate:.0f}s"
-            print(f"[{now - self.job.t0:6.1f}s] {self.records:,}/{self.total:,} records "
-                  f"({self.records / self.total:.0%}), shards {shards}/{total_shards}, "
+            print(f"[{now - self.job.t0:6.1f}s] {self.records:,}/{self.total or 0:,} records "
+                  f"({self.records / (self.total or 1):.0%}), shards {shards}/{total_shards}, "
                   f"{rate:,.0f} rec/s, ETA {eta}, per worker [{share}]",
                   file=sys.stderr, flush=True)
         return self.records

@@ -102,6 +102,31 @@ flags.DEFINE_float("straggler_persistent_after_seconds", 30.0, "Monitor: a slow 
                    "the task was never normal).")
 flags.DEFINE_integer("straggler_min_samples", 5, "Monitor: steps/probes in the window before "
                      "a task is judged.")
+flags.DEFINE_string("kubernetes_image", "", "Kubernetes: the antdt-tf image of the job's task "
+                    "pods. Set, this master runs jobs submitted with --backend=kubernetes: it "
+                    "creates their pods itself (docs/kubernetes.md, deploy/kubernetes/).")
+flags.DEFINE_string("kubernetes_namespace", "", "Kubernetes: the namespace of the job's pods "
+                    "(default: this master pod's own).")
+flags.DEFINE_string("kubernetes_job", "antdt", "Kubernetes: the job's name, part of every "
+                    "pod's and Service's name (one master runs one job).")
+flags.DEFINE_string("kubernetes_kubeconfig", "", "Kubernetes: a kubeconfig, for a master that "
+                    "runs outside the cluster (default: the pod's service account).")
+flags.DEFINE_string("kubernetes_volume_claim", "", "Kubernetes: the PersistentVolumeClaim "
+                    "mounted in every task pod at --kubernetes_mount_path (data, checkpoints).")
+flags.DEFINE_string("kubernetes_mount_path", "/antdt", "Kubernetes: where task pods mount the "
+                    "claim; every path a job names must lie under it.")
+flags.DEFINE_string("kubernetes_service_account", "antdt-task", "Kubernetes: the task pods' "
+                    "service account (it needs no API permission).")
+flags.DEFINE_string("kubernetes_token_secret", "", "Kubernetes: the Secret (key 'token') task "
+                    "pods take ANTDT_JOB_TOKEN from.")
+flags.DEFINE_string("kubernetes_tls_secret", "", "Kubernetes: the Secret (tls.crt, tls.key, "
+                    "ca.crt) mounted in task pods when the job uses TLS.")
+flags.DEFINE_integer("kubernetes_tf_port", 2222, "Kubernetes: the TF port of every task pod.")
+flags.DEFINE_boolean("kubernetes_distinct_ports", False, "Kubernetes: every task its own TF "
+                     "port (--kubernetes_tf_port + 200 per role + index), for pods that share "
+                     "one network (hostNetwork pods).")
+flags.DEFINE_list("kubernetes_node_selector", [], "Kubernetes: LABEL=VALUE,...: the nodes that "
+                  "are the job's hosts (default: every Ready node).")
 
 log = logging.getLogger("antdt.master")
 PROGRAM = "antdt-master"
@@ -128,6 +153,38 @@ def _lease_config() -> LeaseConfig:
                            settle_seconds=FLAGS.settle_seconds)
     except ValueError as e:
         raise app.UsageError(f"bad lease flags: {e}") from e
+
+
+def _backend_factories() -> dict:
+    """The cluster backends this master can create for a submitted job beyond the built-in
+    ones (``{"kubernetes": factory}`` when configured)."""
+    if not FLAGS.kubernetes_image:
+        return {}
+    from antdt_tf.backends.kubernetes import (KubernetesBackend, KubernetesSettings,
+                                              in_cluster_namespace)
+
+    selector = []
+    for item in FLAGS.kubernetes_node_selector:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise app.UsageError(f"--kubernetes_node_selector: expected LABEL=VALUE, got "
+                                 f"{item!r}")
+        selector.append((key, value))
+    namespace = FLAGS.kubernetes_namespace or in_cluster_namespace()
+    if not namespace:
+        raise app.UsageError("--kubernetes_namespace is needed outside a cluster's pod")
+    try:
+        settings = KubernetesSettings(
+            namespace=namespace, job=FLAGS.kubernetes_job, image=FLAGS.kubernetes_image,
+            service_account=FLAGS.kubernetes_service_account,
+            volume_claim=FLAGS.kubernetes_volume_claim, mount_path=FLAGS.kubernetes_mount_path,
+            token_secret=FLAGS.kubernetes_token_secret, tls_secret=FLAGS.kubernetes_tls_secret,
+            tf_port=FLAGS.kubernetes_tf_port, distinct_ports=FLAGS.kubernetes_distinct_ports,
+            node_selector=tuple(selector))
+    except ValueError as e:
+        raise app.UsageError(f"bad --kubernetes_* flags: {e}") from e
+    kubeconfig = FLAGS.kubernetes_kubeconfig
+    return {"kubernetes": lambda: KubernetesBackend(settings, kubeconfig=kubeconfig)}
 
 
 def _write_port_file(path: str, port: int) -> None:
@@ -199,6 +256,7 @@ def main(argv):
     token, tls = auth.server_security(FLAGS.bind, "antdt-master")
     state = ShardState(_lease_config())
     _straggler_config()   # bad flags fail here, before anything is opened
+    backends = _backend_factories()
     # the address and the state dir are checked before anything is created or opened
     for flag in ("port_file", "unix_socket"):
         path = getattr(FLAGS, flag)
@@ -239,7 +297,8 @@ def main(argv):
     from antdt_tf.master.job_control import JobControl
 
     try:
-        jobs = JobControl(FLAGS.state_dir, policy_modules=tuple(FLAGS.policy_modules))
+        jobs = JobControl(FLAGS.state_dir, policy_modules=tuple(FLAGS.policy_modules),
+                          backends=backends)
     except CorruptState as e:
         print(f"antdt-master: error: {e}", file=sys.stderr)
         return exitcodes.BAD_STATE

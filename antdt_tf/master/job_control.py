@@ -36,11 +36,14 @@ SERVICE_NAME = "antdt.v1.JobService"
 
 class JobControl:
     def __init__(self, state_dir: str = "", master_address: str = "",
-                 policy_modules: tuple = ()):
+                 policy_modules: tuple = (), backends: Optional[dict] = None):
         """``policy_modules``: the modules a submitted job may name a policy from
         (``module:Class``); loading one imports it into this master, so its operator
-        allows them (``antdt-master --policy_modules``). Presets are always allowed."""
+        allows them (``antdt-master --policy_modules``). Presets are always allowed.
+        ``backends``: factories of the cluster backends this master's operator configured
+        (``{"kubernetes": factory}``); local, agents and ray need none."""
         self.dir = pathlib.Path(state_dir) if state_dir else None
+        self.backends = dict(backends or {})
         self.policy_modules = tuple(policy_modules)
         self.master_address = master_address   # set once the server is bound
         self._lock = threading.Lock()
@@ -114,7 +117,8 @@ class JobControl:
         try:
             cfg = from_proto(self.spec)
             self._runner = JobRunner(cfg, self.master_address, on_event=self._on_event,
-                                     resume=resume)
+                                     resume=resume,
+                                     backend_factory=self.backends.get(cfg.backend))
             report = self._runner.run()
             path = cfg.workdir / "report.json"
             tmp = path.with_name(f".{path.name}.tmp")       # a reader sees it whole
@@ -148,6 +152,10 @@ class JobControl:
         from antdt_tf.launcher.config import from_proto
 
         cfg = from_proto(req.spec)            # InvalidRequest: nothing starts
+        if cfg.backend == "kubernetes" and "kubernetes" not in self.backends:
+            raise InvalidRequest("JobSpec.backend 'kubernetes': this master does not create "
+                                 "pods (start it with --kubernetes_image=...; "
+                                 "deploy/kubernetes/master.yaml does)")
         module = cfg.policy.partition(":")[0] if ":" in cfg.policy else ""
         if module and module not in self.policy_modules:
             raise InvalidRequest(
