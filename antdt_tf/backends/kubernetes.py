@@ -74,8 +74,8 @@ class KubernetesSettings:
     ``image``: the antdt-tf image every task runs; ``volume_claim``: the PVC mounted in
     every task pod at ``mount_path`` (the job's data, checkpoints and logs: every path a
     task is given must lie under it); ``token_secret``: the Secret (key ``token``) task
-    pods take ``ANTDT_JOB_TOKEN`` from; ``tls_secret``: the Secret (``tls.crt``,
-    ``tls.key``, ``ca.crt``) mounted when the job uses TLS; ``node_selector``: the nodes
+    pods take ``ANTDT_JOB_TOKEN`` from; ``tls_secret``: the Secret (``job.crt``,
+    ``job.key``, ``ca.crt``: ``auth.make_job_ca``'s files) mounted when the job uses TLS; ``node_selector``: the nodes
     that are the job's hosts (e.g. a node pool's label); ``distinct_ports``: every task
     its own port (``tf_port`` + ``PORT_OFFSETS[role]`` + index) instead of ``tf_port``
     for all, for pods that share one network (``hostNetwork`` pods, the test fake)."""
@@ -635,8 +635,8 @@ class KubernetesBackend(ClusterBackend):
         if s.tls_secret:
             mounts.append({"name": "tls", "mountPath": "/etc/antdt/tls", "readOnly": True})
             volumes.append({"name": "tls", "secret": {"secretName": s.tls_secret}})
-            env += [{"name": "ANTDT_TLS_CERT", "value": "/etc/antdt/tls/tls.crt"},
-                    {"name": "ANTDT_TLS_KEY", "value": "/etc/antdt/tls/tls.key"},
+            env += [{"name": "ANTDT_TLS_CERT", "value": "/etc/antdt/tls/job.crt"},
+                    {"name": "ANTDT_TLS_KEY", "value": "/etc/antdt/tls/job.key"},
                     {"name": "ANTDT_TLS_CA", "value": "/etc/antdt/tls/ca.crt"}]
             if s.tls_server_name:
                 env.append({"name": "ANTDT_TLS_SERVER_NAME", "value": s.tls_server_name})

@@ -119,7 +119,7 @@ flags.DEFINE_string("kubernetes_service_account", "antdt-task", "Kubernetes: the
                     "service account (it needs no API permission).")
 flags.DEFINE_string("kubernetes_token_secret", "", "Kubernetes: the Secret (key 'token') task "
                     "pods take ANTDT_JOB_TOKEN from.")
-flags.DEFINE_string("kubernetes_tls_secret", "", "Kubernetes: the Secret (tls.crt, tls.key, "
+flags.DEFINE_string("kubernetes_tls_secret", "", "Kubernetes: the Secret (job.crt, job.key, "
                     "ca.crt) mounted in task pods when the job uses TLS.")
 flags.DEFINE_integer("kubernetes_tf_port", 2222, "Kubernetes: the TF port of every task pod.")
 flags.DEFINE_boolean("kubernetes_distinct_ports", False, "Kubernetes: every task its own TF "
