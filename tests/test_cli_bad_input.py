@@ -193,3 +193,31 @@ def test_tf_server_on_a_busy_port_says_so_in_one_line(busy_port):
     res = run("antdt_tf.tf.server", f'--cluster={{"ps": ["127.0.0.1:{busy_port}"]}}',
               "--job=ps")
     refused(res, exitcodes.CANNOT_SERVE, f"ps:0 cannot serve on 127.0.0.1:{busy_port}")
+
+
+def test_kubernetes_flags_are_checked_before_anything_is_submitted(tmp_path):
+    """antdt-launch --backend=kubernetes needs where the master is and cluster paths;
+    antdt-master refuses bad --kubernetes_* flags before it serves."""
+    for flags, words in [
+        (["--backend=kubernetes", "--data=/antdt/d.adtr", "--workdir=/antdt/j"],
+         "needs --namespace"),
+        (["--backend=kubernetes", "--namespace=ns", "--data=rel.adtr", "--workdir=/antdt/j"],
+         "absolute paths on the job's volume"),
+        (["--backend=kubernetes", "--namespace=ns"], "needs --data and --workdir"),
+        (["--backend=kubernetes", "--namespace=ns", "--data=/antdt/d.adtr",
+          "--workdir=/antdt/j", "--inject=kill:worker:0@1s"], "fault injection"),
+        (["--backend=kubernetes", "--namespace=ns", "--data=/antdt/d.adtr",
+          "--workdir=/antdt/j", "--api=keras"], "custom_loop"),
+        (["--namespace=ns"], "--namespace goes with --backend=kubernetes"),
+    ]:
+        refused(run("antdt_tf.launch", *flags), exitcodes.BAD_INPUT, words)
+    for flags, words in [
+        (["--kubernetes_image=img", "--kubernetes_namespace=ns", "--kubernetes_job=Bad_Name"],
+         "bad --kubernetes_\\* flags: job name"),
+        (["--kubernetes_image=img", "--kubernetes_namespace=ns",
+          "--kubernetes_node_selector=pool"], "expected LABEL=VALUE"),
+        (["--kubernetes_image=img"], "--kubernetes_namespace is needed outside"),
+    ]:
+        refused(run("antdt_tf.master", f"--port_file={tmp_path}/p", *flags),
+                exitcodes.BAD_INPUT, words)
+        assert not (tmp_path / "p").exists()
