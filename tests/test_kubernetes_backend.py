@@ -166,3 +166,14 @@ def test_deleting_the_job_configmap_deletes_its_pods_and_services(cluster, backe
     wait_for(lambda: not backend.core.list_namespaced_service(NS).items, "the services to go")
     for n in names:
         assert state(backend, n) is TaskState.STOPPED
+
+
+def test_a_cordoned_node_is_no_host_and_a_launch_there_is_refused(cluster, backend):
+    from antdt_tf.errors import Unschedulable
+
+    backend.core.patch_node("n1", {"spec": {"unschedulable": True}})     # kubectl cordon
+    wait_for(lambda: [h.name for h in backend.hosts()] == ["n0"], "n1 to leave the hosts")
+    with pytest.raises(Unschedulable, match="not a Ready node"):
+        backend.launch(probe(backend, TaskName("worker", 0)), "n1")
+    assert backend.place() == "n0"
+    assert not backend.pods.all()              # nothing was created
