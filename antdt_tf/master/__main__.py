@@ -144,6 +144,27 @@ def _straggler_config():
         raise app.UsageError(f"bad straggler flags: {e}") from e
 
 
+def _job_monitor_settings(view):
+    """``on_job`` for JobControl: the submitted job's straggler settings (what
+    ``antdt-launch --straggler_*`` says) for the Monitor, except those this master's
+    operator gave explicitly (``antdt-master --straggler_*``), which win."""
+    from antdt_tf.monitor.straggler import StragglerConfig
+
+    def apply(cfg) -> None:
+        mine = _straggler_config()
+        values = {}
+        for field, flag in (("window_seconds", "straggler_window_seconds"),
+                            ("slow_ratio", "straggler_slow_ratio"),
+                            ("persistent_after_seconds", "straggler_persistent_after_seconds")):
+            values[field] = (getattr(mine, field) if FLAGS[flag].present
+                             else getattr(cfg, flag))
+        config = StragglerConfig(**values, min_samples=mine.min_samples)
+        if config != view.classifier.config:
+            log.info("[master] the job's Monitor settings: %s", config)
+        view.configure_straggler(config)
+    return apply
+
+
 def _lease_config() -> LeaseConfig:
     try:
         return LeaseConfig(min_seconds=FLAGS.lease_min_seconds,
@@ -298,7 +319,7 @@ def main(argv):
 
     try:
         jobs = JobControl(FLAGS.state_dir, policy_modules=tuple(FLAGS.policy_modules),
-                          backends=backends)
+                          backends=backends, on_job=_job_monitor_settings(view))
     except CorruptState as e:
         print(f"antdt-master: error: {e}", file=sys.stderr)
         return exitcodes.BAD_STATE

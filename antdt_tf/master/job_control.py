@@ -36,12 +36,16 @@ SERVICE_NAME = "antdt.v1.JobService"
 
 class JobControl:
     def __init__(self, state_dir: str = "", master_address: str = "",
-                 policy_modules: tuple = (), backends: Optional[dict] = None):
+                 policy_modules: tuple = (), backends: Optional[dict] = None,
+                 on_job=None):
         """``policy_modules``: the modules a submitted job may name a policy from
         (``module:Class``); loading one imports it into this master, so its operator
         allows them (``antdt-master --policy_modules``). Presets are always allowed.
         ``backends``: factories of the cluster backends this master's operator configured
-        (``{"kubernetes": factory}``); local, agents and ray need none."""
+        (``{"kubernetes": factory}``); local, agents and ray need none. ``on_job(cfg)``:
+        called with the job's configuration before it runs (new or resumed): the master
+        applies the job's Monitor settings."""
+        self.on_job = on_job
         self.dir = pathlib.Path(state_dir) if state_dir else None
         self.backends = dict(backends or {})
         self.policy_modules = tuple(policy_modules)
@@ -116,6 +120,8 @@ class JobControl:
 
         try:
             cfg = from_proto(self.spec)
+            if self.on_job is not None:
+                self.on_job(cfg)
             self._runner = JobRunner(cfg, self.master_address, on_event=self._on_event,
                                      resume=resume,
                                      backend_factory=self.backends.get(cfg.backend))

@@ -80,6 +80,12 @@ class ClusterView:
         self._trainer: cpb.TrainerReport | None = None
         self.classifier = StragglerClassifier(straggler)
 
+    def configure_straggler(self, config: StragglerConfig) -> None:
+        """The submitted job's straggler settings (a master serves one job); what was
+        observed so far is dropped, as the judgement's windows would not match."""
+        if config != self.classifier.config:
+            self.classifier = StragglerClassifier(config)
+
     def observe_step(self, worker: int, incarnation: int, records: int,
                      seconds: float | None = None, steps: int = 1) -> None:
         """A worker reported a trained batch (called by the master for every report);

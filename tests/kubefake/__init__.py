@@ -64,6 +64,10 @@ class FakeCluster:
         """The machine dies: its processes are SIGKILLed, the node goes NotReady."""
         self.kubelets.lose_node(name)
 
+    def slow_node(self, name: str, factor: float) -> None:
+        """A busy neighbour: every container on node ``name`` runs at 1/``factor``."""
+        self.kubelets.slow_node(name, factor)
+
     def kill_container(self, namespace: str, pod: str, sig: int = 9) -> None:
         self.kubelets.kill(namespace, pod, sig)
 

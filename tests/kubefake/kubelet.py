@@ -21,8 +21,15 @@
   (``svc``, ``svc.ns``, ``svc.ns.svc``, ``svc.ns.svc.cluster.local``) -> the address of
   its ready pod, rewritten in place on every change (needs root, :func:`pod_dns_available`).
 
-Not done: readiness probes (a running container is ready), init containers, volumes
-(a pod sees this machine's files), resource requests, restart policies other than Never.
+- **Readiness**: a container's ``tcpSocket`` readiness probe is tried every 0.5 s (its
+  pod's ``Ready`` condition; DNS names only ready pods unless the Service publishes
+  not-ready addresses); without a probe a running container is ready.
+- **A busy node** (:meth:`Kubelets.slow_node`): every container on it gets 1/factor of
+  the time, as a noisy neighbour on a non-dedicated host would leave it.
+
+Not done: other probe kinds, init containers, volumes (a pod sees this machine's files),
+resource requests, restart policies other than Never, network isolation (pods share this
+machine's network: two pods cannot serve the same port).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -74,11 +82,25 @@ def _rss(pid: int) -> int:
 
 
 class _Container:
-    def __init__(self, proc: subprocess.Popen, limit: int, log):
+    def __init__(self, proc: subprocess.Popen, limit: int, log, probe_port: int = 0,
+                 ip: str = ""):
         self.proc, self.limit, self.log = proc, limit, log
         self.started = now()
         self.oom = False
         self.term_sent: Optional[float] = None
+        self.probe_port, self.ip = probe_port, ip    # a tcpSocket readiness probe
+        self.node = ""
+        self.ready = not probe_port
+        self.probed_at = 0.0
+
+
+def _probe_port(container: dict) -> int:
+    """The port of the container's tcpSocket readiness probe (0: no probe)."""
+    port = ((container.get("readinessProbe") or {}).get("tcpSocket") or {}).get("port", 0)
+    if isinstance(port, str):
+        port = next((p["containerPort"] for p in container.get("ports") or []
+                     if p.get("name") == port), 0)
+    return int(port or 0)
 
 
 class Kubelets:
@@ -95,7 +117,9 @@ class Kubelets:
         with open(self.hosts_file, "w") as f:
             f.write(self.base_hosts)
         self.dns: dict[str, str] = {}
+        self.slow: dict[str, float] = {}   # node -> slowdown factor (slow_node)
         self.lock = threading.RLock()      # the loop and the test's faults
+        store.listeners.append(self._on_event)
         self._stop = threading.Event()
         for i, name in enumerate(nodes):
             store.create("nodes", "", {
@@ -147,6 +171,14 @@ class Kubelets:
             self._kill(self.containers.pop(key), signal.SIGKILL)   # force-deleted
         if self.pod_dns:
             self._write_dns()
+
+    def _on_event(self, kind: str, type_: str, obj: dict) -> None:
+        """A pod removed from the API (force-deleted) is killed at once, as a kubelet
+        does when it sees the pod gone (the loop would only notice on its next tick)."""
+        if kind == "pods" and type_ == "DELETED":
+            c = self.containers.get((obj["metadata"]["namespace"], obj["metadata"]["name"]))
+            if c is not None and c.proc.poll() is None:
+                self._kill(c, signal.SIGKILL)
 
     def _schedule(self, pod: dict, nodes: dict, pods: list) -> None:
         if pod["metadata"].get("deletionTimestamp"):
@@ -220,17 +252,18 @@ class Kubelets:
                                      message=str(e))
             self._update(key, failed)
             return
-        self.containers[key] = _Container(proc, limit, log)
+        c = self.containers[key] = _Container(proc, limit, log, _probe_port(container), ip)
+        c.node = spec["nodeName"]
 
         def running(obj):
             obj["status"].update(
                 phase="Running", podIP=ip, podIPs=[{"ip": ip}], hostIP=node_ip,
                 startTime=now(),
-                containerStatuses=[{"name": container["name"], "ready": True,
+                containerStatuses=[{"name": container["name"], "ready": c.ready,
                                     "restartCount": 0, "image": container.get("image", ""),
                                     "imageID": "", "started": True,
                                     "state": {"running": {"startedAt": now()}}}])
-            _condition(obj, "Ready", "True")
+            _condition(obj, "Ready", "True" if c.ready else "False")
         self._update(key, running)
 
     def _watch_container(self, pod: dict, c: _Container) -> None:
@@ -238,6 +271,21 @@ class Kubelets:
         key = (meta["namespace"], meta["name"])
         code = c.proc.poll()
         if code is None:
+            if c.probe_port and time.monotonic() - c.probed_at > 0.5:
+                c.probed_at = time.monotonic()
+                try:
+                    with socket.create_connection((c.ip, c.probe_port), timeout=0.5):
+                        ready = True
+                except OSError:
+                    ready = False
+                if ready != c.ready:
+                    c.ready = ready
+
+                    def readiness(obj):
+                        for cs in obj["status"].get("containerStatuses") or []:
+                            cs["ready"] = ready
+                        _condition(obj, "Ready", "True" if ready else "False")
+                    self._update(key, readiness)
             if c.limit and not c.oom and _rss(c.proc.pid) > c.limit:
                 c.oom = True
                 self._kill(c, signal.SIGKILL)
@@ -320,6 +368,9 @@ class Kubelets:
                      and all((p["metadata"].get("labels") or {}).get(k) == v
                              for k, v in selector.items())
                      and p["status"].get("phase") == "Running" and p["status"].get("podIP")
+                     and (svc["spec"].get("publishNotReadyAddresses") or any(
+                         c["type"] == "Ready" and c["status"] == "True"
+                         for c in p["status"].get("conditions") or []))
                      and not p["metadata"].get("deletionTimestamp")
                      and p["spec"].get("nodeName") not in self.lost_at]
             if ready:
@@ -374,6 +425,38 @@ class Kubelets:
         c = self.containers.get((namespace, pod))
         if c is not None:
             self._kill(c, signal.SIGKILL)
+
+    def slow_node(self, name: str, factor: float) -> None:
+        """A busy neighbour on node ``name``: every container there gets 1/``factor`` of
+        the time (SIGSTOP / SIGCONT in 100 ms periods); factor 1 ends it."""
+        with self.lock:
+            running = name in self.slow
+            if factor <= 1:
+                self.slow.pop(name, None)
+                return
+            self.slow[name] = factor
+        if not running:
+            threading.Thread(target=self._throttle, args=(name,), daemon=True,
+                             name=f"kubefake-slow-{name}").start()
+
+    def _throttle(self, node: str, period: float = 0.1) -> None:
+        def signal_all(sig):
+            with self.lock:
+                pids = [c.proc.pid for c in self.containers.values() if c.node == node]
+            for pid in pids:
+                try:
+                    os.killpg(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        while not self._stop.is_set():
+            factor = self.slow.get(node)
+            if factor is None:
+                break
+            signal_all(signal.SIGCONT)
+            time.sleep(period / factor)
+            signal_all(signal.SIGSTOP)
+            time.sleep(period * (1 - 1 / factor))
+        signal_all(signal.SIGCONT)
 
     def kill(self, namespace: str, pod: str, sig: int) -> None:
         with self.lock:
