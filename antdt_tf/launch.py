@@ -161,6 +161,7 @@ flags.DEFINE_float("replace_ps_cost_seconds", 30.0, "Cost model: first estimate 
 flags.DEFINE_float("min_gain_seconds", 2.0, "Cost model: act only when the job is expected "
                    "to finish at least this much sooner.")
 
+
 def master_address() -> str:
     """--master, else (kubernetes) the Service of the master in --namespace."""
     if FLAGS.master or FLAGS.backend != "kubernetes":
