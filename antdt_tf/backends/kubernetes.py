@@ -11,7 +11,10 @@ chief pod itself, on the official ``kubernetes`` client (the ``[kubernetes]`` ex
 - one headless Service per task, ``antdt-<job>-<role>-<index>``, selecting the task's
   pods whatever their generation: the task's address is its DNS name, so a relaunched
   task keeps it on any node (``capabilities.stable_endpoints``) and TF's
-  ParameterServerStrategy re-joins a moved worker without rebuilding the chief;
+  ParameterServerStrategy re-joins a moved worker without rebuilding the chief. The
+  Service publishes ready pods only and a TF server's pod is ready once it serves (a
+  TCP readiness probe), so a standby waiting to take over a moved task's address is not
+  in the DNS before it does;
 - labels ``antdt.io/job``, ``antdt.io/role``, ``antdt.io/index``,
   ``antdt.io/generation`` on every pod; every pod and Service is owned (ownerReferences)
   by the job's ConfigMap ``antdt-job-<job>``, so ``kubectl delete configmap`` of it
