@@ -3,10 +3,12 @@ in-process master, and real PS/worker processes (TF2 PSS, or TF1 between-graph).
 
 
 def wait_until(cond, timeout: float, what: str):
+    """``cond()``'s first true value, polled until ``timeout``."""
     deadline = time.monotonic() + timeout
-    while not cond():
+    while not (value := cond()):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+    return value
 
 
 def train_progress(admin):

@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 
+import jobs
 import kubefake
 from kubefake.store import matches_labels
 
@@ -54,11 +55,7 @@ def _raw(fake, method: str, path: str, body=None, token: str = ""):
 
 
 def _wait(cond, what: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
+    return jobs.wait_until(cond, timeout, what)
 
 
 def _phase(v1, name):

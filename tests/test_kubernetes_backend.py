@@ -8,9 +8,9 @@ restart even after the pods are gone, and deleting the job's ConfigMap deletes t
 
 from __future__ import annotations
 
-import time
-
 import pytest
+
+import jobs
 
 from antdt_tf.proto import cluster_pb2 as cpb
 
@@ -51,11 +51,7 @@ def probe(b, name: TaskName, **fields) -> TaskSpec:
 
 
 def wait_for(cond, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
+    return jobs.wait_until(cond, timeout, what)
 
 
 def state(b, name):
