@@ -24,9 +24,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
-from antdt_tf.errors import StaleGeneration, TaskAlreadyRunning, Unschedulable
+from antdt_tf.errors import StaleGeneration, TaskAlreadyRunning, UnknownTask, Unschedulable
 
 
 class TaskState(enum.Enum):
@@ -271,3 +271,23 @@ def admit_launch(known: Optional[TaskInfo], spec: TaskSpec, host: str,
         raise TaskAlreadyRunning(f"{known.name} still runs on {known.host}; stop it before "
                                  f"launching {spec.name}")
     return None
+
+
+def refuse_unknown_stop(name: TaskName, newest: Optional[TaskInfo], missing: str):
+    """A stop of a launch the backend does not know: StaleGeneration when a newer
+    generation of the task is the current one, else UnknownTask(``missing``)."""
+    if newest is not None and newest.name.generation > name.generation:
+        raise StaleGeneration(f"{name}: the task's current launch is {newest.name} on "
+                              f"{newest.host}")
+    raise UnknownTask(missing)
+
+
+def refuse_fenced_stop(name: TaskName, info: TaskInfo,
+                       launches: Mapping[TaskName, TaskInfo]) -> None:
+    """The stop rule of every backend, as on a host: a newer launch of the task that runs
+    where ``name`` ran fences it off (StaleGeneration; nothing is stopped)."""
+    newer = [i for n, i in launches.items() if n.key == name.key
+             and n.generation > name.generation and i.running and i.host == info.host]
+    if newer:
+        raise StaleGeneration(f"{name}: {newer[0].name} runs on {info.host} now; nothing "
+                              "stopped")

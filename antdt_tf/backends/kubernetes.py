@@ -52,8 +52,8 @@ from antdt_tf.agent.client import start_request
 from antdt_tf.agent.programs import PathPolicy, command_for
 from antdt_tf.backends.base import (Capabilities, ClusterBackend, Failure, FailureKind, Host,
                                     TaskInfo, TaskName, TaskSpec, TaskState, admit_launch,
-                                    latest)
-from antdt_tf.errors import InvalidRequest, StaleGeneration, UnknownTask, Unschedulable
+                                    latest, refuse_fenced_stop, refuse_unknown_stop)
+from antdt_tf.errors import InvalidRequest, StaleGeneration, Unschedulable
 from antdt_tf.proto import cluster_pb2 as cpb
 
 log = logging.getLogger(__name__)
@@ -726,16 +726,9 @@ class KubernetesBackend(ClusterBackend):
         infos = self._all_infos()
         info = infos.get(name)
         if info is None:
-            newest = self.tasks().get(name.key)
-            if newest is not None and newest.name.generation > name.generation:
-                raise StaleGeneration(f"{name}: the task's current launch is {newest.name} "
-                                      f"on {newest.host}")
-            raise UnknownTask(f"no pod of {name} in namespace {self.settings.namespace}")
-        newer = [i for n, i in infos.items() if n.key == name.key
-                 and n.generation > name.generation and i.running and i.host == info.host]
-        if newer:     # fencing as on a host: a newer launch runs where this one ran
-            raise StaleGeneration(f"{name}: {newer[0].name} runs on {info.host} now; nothing "
-                                  "stopped")
+            refuse_unknown_stop(name, latest(list(infos.values())).get(name.key),
+                                f"no pod of {name} in namespace {self.settings.namespace}")
+        refuse_fenced_stop(name, info, infos)
         if not info.running:
             return info
         pod_name = self.pod_name(name)

@@ -57,8 +57,8 @@ from antdt_tf.agent.client import start_request
 from antdt_tf.backends.agents import task_info
 from antdt_tf.backends.base import (Capabilities, ClusterBackend, Failure, FailureKind, Host,
                                     TaskInfo, TaskName, TaskSpec, TaskState, admit_launch,
-                                    latest)
-from antdt_tf.errors import AntdtError, StaleGeneration, UnknownTask, Unschedulable
+                                    latest, refuse_fenced_stop, refuse_unknown_stop)
+from antdt_tf.errors import AntdtError, UnknownTask, Unschedulable
 from antdt_tf.proto import cluster_pb2 as cpb
 
 log = logging.getLogger(__name__)
@@ -439,19 +439,11 @@ class RayBackend(ClusterBackend):
             with self._lock:
                 handle, info = self._actors.get(name), self._last.get(name)
             if handle is None and info is None:
-                if newest is not None and newest.name.generation > name.generation:
-                    raise StaleGeneration(f"{name}: the task's current launch is "
-                                          f"{newest.name} on {newest.host}")
-                raise UnknownTask(f"no actor runs {name}")
+                refuse_unknown_stop(name, newest, f"no actor runs {name}")
         if info is not None:
-            # fencing as on a host: a newer launch of the task runs where this one ran
             with self._lock:
-                newer = [i for n, i in self._last.items() if n.key == name.key
-                         and n.generation > name.generation and i.running
-                         and i.host == info.host]
-            if newer:
-                raise StaleGeneration(f"{name}: {newer[0].name} runs on {info.host} now; "
-                                      "nothing stopped")
+                launches = dict(self._last)
+            refuse_fenced_stop(name, info, launches)
         return handle, info
 
     def stop(self, name: TaskName, kill: bool = False, grace_seconds: float = 10.0) -> TaskInfo:
