@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import calendar
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -204,8 +205,6 @@ class _Informer:
 
     def relist(self) -> None:
         resp = self.list_fn(**self.kwargs, _preload_content=False)
-        import json
-
         body = json.loads(resp.data)
         with self.lock:
             new = {o["metadata"]["name"]: o for o in body.get("items") or []}
@@ -279,8 +278,6 @@ class _Informer:
         """One watch request from ``self.rv`` until it ends; True when the server said
         the version is gone (410). The raw stream, not ``kubernetes.watch.Watch``: its
         retry and error handling assume deserialized events."""
-        import json
-
         from kubernetes.watch.watch import iter_resp_lines
 
         resp = self.list_fn(**self.kwargs, watch=True, resource_version=self.rv,
@@ -401,8 +398,6 @@ class KubernetesBackend(ClusterBackend):
 
     @staticmethod
     def _json(resp) -> dict:
-        import json
-
         return json.loads(resp.data)
 
     def _generation_mark(self, key: tuple[str, int]) -> int:
@@ -783,8 +778,6 @@ class KubernetesBackend(ClusterBackend):
 
 
 def _api_message(e) -> str:
-    import json
-
     try:
         return json.loads(e.body).get("message", "")[:500]
     except (TypeError, ValueError, AttributeError):
