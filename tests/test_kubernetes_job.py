@@ -116,14 +116,16 @@ def test_a_master_restarted_on_its_state_adopts_the_pods_that_run(tmp_path):
 
 
 def test_a_straggler_on_a_busy_node_moves_to_another_under_its_name(tmp_path):
-    """AntDT-ND on a non-dedicated cluster: worker:1's node n2 gets a busy neighbour at a
-    tenth of the job (its containers run at 1/4). The Monitor finds a persistent
+    """AntDT-ND on a non-dedicated cluster: worker:1's node n2 gets a busy neighbour as
+    training starts (its containers run at 1/4). The Monitor finds a persistent
     straggler; the Controller relaunches it on another node as a standby that takes
     over its address when the old pod is gone — on Kubernetes the same Service name, so
     the chief goes on without a restart (on Ray, a move restarts the chief)."""
+    # busy from the first shard, and long enough for the moved worker to train again
+    # before the end on a fast machine too (the Monitor's windows are wall-clock time)
     report, out = run_job(
-        tmp_path, lambda fake, master: fake.slow_node("n2", 4.0), records=400_000,
-        policy="antdt-nd", at=0.1,
+        tmp_path, lambda fake, master: fake.slow_node("n2", 4.0), records=600_000,
+        policy="antdt-nd", at=0.0,
         flags=("--relaunch_cost_seconds=1", "--straggler_window_seconds=3",
                "--straggler_persistent_after_seconds=2", "--min_gain_seconds=0.5"))
     acts = [a for a in report["actions"] if a["action"] == "RelaunchWorker"]
