@@ -58,6 +58,10 @@ Setups
     callback. (k) vs (v) is what antdt-tf adds to a Keras job; (v) vs (a)/(s) what
     Keras' own step costs. Its per-worker split and audit are not measured (the table
     shows an even split and no audit); its ideal JCT is its JCT.
+(t) **(b) with the TF1 model of (m)**: the same static thirds, but the model a TF1 user
+    writes (``estimator_examples.deepfm_tf1``: ``get_variable``, the v1 optimizer's
+    ``minimize``, the audit counter after the update), which (m) trains. (m) vs (t) is
+    what antdt-tf adds to a TF1 job; (t) vs (b) what that way of writing the model costs.
 (m) **antdt-tf's TF1 path**: (c)'s launcher with ``--api=mts``: the same master, dynamic
     sharding, per-step reports and audit, but every worker a TF1 between-graph
     ``MonitoredTrainingSession`` with the antdt SessionRunHooks (worker 0 the chief; no
@@ -348,19 +352,61 @@ def keras_chief(args) -> None:
 
 # ---------------------------------------------------------------------------- (b) TF1 worker
 
+def tf1_static_graph(tf, args, i: int, workers: int, tf1_model: bool = False):
+    """Setup (b)'s graph for worker ``i`` of ``workers``: its contiguous third of
+    ``args.data`` and DeepFM's step as graph ops — or with ``tf1_model`` (setup (t)) the
+    TF1 model (m) trains, ``estimator_examples.deepfm_tf1``. Returns ``(train_op,
+    batch_rows, applied_value)``; build it under ``replica_device_setter``."""
+    from antdt_tf.models.deepfm import DeepFM
+    from antdt_tf.data.criteo import NUM_SPARSE
+    from antdt_tf.tf.reader import decode_records, records_from
+
+    n, b = args.records, args.batch_size
+    start = n * i // workers
+    length = n * (i + 1) // workers - start
+    raw_ds = records_from(args.data, start).take(length)   # the same seek as antdt-tf
+    ds = tf.data.Dataset.zip((raw_ds, tf.data.Dataset.range(start, start + length))).batch(b)
+    raw, ids = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    batch = decode_records(raw)
+    if tf1_model:
+        from estimator_examples.deepfm_tf1 import audit_variable, deepfm_train_op
+
+        labels = batch.pop("label")
+        batch["record_id"] = ids
+        _, train_op = deepfm_train_op(batch, labels, 1, args.buckets, args.learning_rate, n)
+        return train_op, tf.shape(ids)[0], audit_variable().read_value()
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    model = DeepFM(buckets=args.buckets, audit_records=n, learning_rate=args.learning_rate)
+    # DeepFM.train_step's math as graph ops (same hash, gathers, loss and SGD update)
+    idx = model._hash(batch["sparse"])
+    flat = tf.reshape(idx, [-1])
+    rows = tf.shape(idx)[0]
+    dense_vars = [model.w1, model.b1, model.w2, model.bias]
+    emb_rows = tf.gather(model.embedding, flat)
+    lin_rows = tf.gather(model.linear, flat)
+    emb = tf.reshape(emb_rows, [rows, NUM_SPARSE, -1])
+    lin = tf.reshape(lin_rows, [rows, NUM_SPARSE, 1])
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=batch["label"], logits=model.logits(batch, emb, lin)))
+    grads = tf.gradients(loss, [emb_rows, lin_rows] + dense_vars)
+    lr = model.learning_rate
+    updates = [model.embedding.scatter_sub(tf.IndexedSlices(lr * grads[0], flat)),
+               model.linear.scatter_sub(tf.IndexedSlices(lr * grads[1], flat))]
+    updates += [v.assign_sub(lr * g) for v, g in zip(dense_vars, grads[2:])]
+    updates.append(model.applied.scatter_add(tf.IndexedSlices(tf.ones_like(ids, tf.int32), ids)))
+    updates.append(global_step.assign_add(1))
+    return tf.group(updates), tf.shape(ids)[0], model.applied.read_value()
+
+
 def tf1_worker(args) -> None:
     """One worker of setup (b): between-graph async PS training on a static third."""
     import tensorflow as tf
 
     tf.compat.v1.disable_eager_execution()
-    from antdt_tf.models.deepfm import DeepFM
-    from antdt_tf.data.criteo import NUM_SPARSE
-    from antdt_tf.tf.reader import decode_records, records_from  # noqa: F401
-
     spec = json.loads(args.cluster)
     sync = pathlib.Path(args.sync_dir)
     i, workers = args.index, len(spec["worker"])
-    n, b = args.records, args.batch_size
+    n = args.records
     start = n * i // workers
     length = n * (i + 1) // workers - start
     cluster = tf.train.ClusterSpec(spec)
@@ -370,33 +416,8 @@ def tf1_worker(args) -> None:
     is_chief = i == 0
     with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
             worker_device=f"/job:worker/task:{i}", cluster=cluster)):
-        global_step = tf.compat.v1.train.get_or_create_global_step()
-        model = DeepFM(buckets=args.buckets, audit_records=n, learning_rate=args.learning_rate)
-        raw_ds = records_from(args.data, start).take(length)   # the same seek as antdt-tf
-        ds = tf.data.Dataset.zip((raw_ds, tf.data.Dataset.range(start, start + length))).batch(b)
-        raw, ids = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
-        batch = decode_records(raw)
-        # DeepFM.train_step's math as graph ops (same hash, gathers, loss and SGD update)
-        idx = model._hash(batch["sparse"])
-        flat = tf.reshape(idx, [-1])
-        rows = tf.shape(idx)[0]
-        dense_vars = [model.w1, model.b1, model.w2, model.bias]
-        emb_rows = tf.gather(model.embedding, flat)
-        lin_rows = tf.gather(model.linear, flat)
-        emb = tf.reshape(emb_rows, [rows, NUM_SPARSE, -1])
-        lin = tf.reshape(lin_rows, [rows, NUM_SPARSE, 1])
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
-            labels=batch["label"], logits=model.logits(batch, emb, lin)))
-        grads = tf.gradients(loss, [emb_rows, lin_rows] + dense_vars)
-        lr = model.learning_rate
-        updates = [model.embedding.scatter_sub(tf.IndexedSlices(lr * grads[0], flat)),
-                   model.linear.scatter_sub(tf.IndexedSlices(lr * grads[1], flat))]
-        updates += [v.assign_sub(lr * g) for v, g in zip(dense_vars, grads[2:])]
-        updates.append(model.applied.scatter_add(tf.IndexedSlices(tf.ones_like(ids, tf.int32), ids)))
-        updates.append(global_step.assign_add(1))
-        train_op = tf.group(updates)
-        batch_rows = tf.shape(ids)[0]
-        applied_value = model.applied.read_value()
+        train_op, batch_rows, applied_value = tf1_static_graph(tf, args, i, workers,
+                                                               args.tf1_model)
 
     if not is_chief:   # the chief initializes first: no 30 s recovery wait for us
         _wait_file(sync / "chief_initialized")
@@ -512,7 +533,7 @@ def run_vanilla(work: pathlib.Path, args, straggler: bool, static_thirds: bool =
             "cpu": cpu.between(r["t_go"], r["t_end"]), "audit": r["audit"]}
 
 
-def run_tf1(work: pathlib.Path, args, straggler: bool) -> dict:
+def run_tf1(work: pathlib.Path, args, straggler: bool, tf1_model: bool = False) -> dict:
     from antdt_tf.agent.throttle import CpuThrottle
     from antdt_tf.tf.local_cluster import LocalCluster, free_ports
 
@@ -529,6 +550,8 @@ def run_tf1(work: pathlib.Path, args, straggler: bool) -> dict:
             cmd = [sys.executable, "-m", "benchmarks.compare_pss", "--role=tf1_worker",
                    f"--index={i}", f"--cluster={cluster.spec_json}", f"--sync_dir={sync}",
                    f"--result={work / f'worker{i}.json'}", *_model_flags(args)]
+            if tf1_model:
+                cmd.append("--tf1_model")
             with open(work / f"tf1_worker{i}.log", "ab") as log:
                 workers.append(subprocess.Popen(cmd, env=_env(), start_new_session=True,
                                                 stdout=log, stderr=log))
@@ -698,6 +721,10 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
 
 SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
           "b": ("(b) TF1 static thirds", run_tf1),
+          # (b)'s platform with the TF1 model (m) trains (get_variable, a v1 optimizer's
+          # minimize): (m) vs (t) is what antdt-tf adds to a TF1 job
+          "t": ("(t) TF1 static thirds, (m)'s model", lambda work, args, straggler: run_tf1(
+              work, args, straggler, tf1_model=True)),
           "c": ("(c) antdt-tf", run_antdt),
           # antdt-tf's TF1 path: the same master and sharding, MonitoredTrainingSession
           # workers with the antdt SessionRunHooks (no ParameterServerStrategy)
@@ -768,7 +795,7 @@ def write_results(args, results: dict, started: str) -> None:
             f"| {name} | {'worker 2 x' + format(args.slowdown, 'g') if straggler else 'none'} | "
             f"{_med(runs, 'jct'):.2f} | {rps:,.0f} | {_med(runs, 'ideal'):.2f} | {ratio:.2f} | "
             f"{'—' if key == 'm' else format(_med(runs, 'coord_cpu'), '.2f')}"
-            f"{' (chief worker)' if key == 'b' else ''} | "
+            f"{' (chief worker)' if key in ('b', 't') else ''} | "
             f"{' / '.join(f'{x:,}' for x in per) if aud else '—'} | "
             + (f"{aud['applied_0']:,} / {aud['applied_1']:,} / {aud['applied_2plus']:,} |"
                if aud else "— |"))
@@ -819,6 +846,16 @@ def write_results(args, results: dict, started: str) -> None:
             f"- antdt-tf's TF1 path: JCT (m)/(b) with the straggler: "
             f"{med_jct('m', True) / med_jct('b', True):.2f}; (m) throughput without "
             f"straggler vs (b): {med_rps('m', False) / med_rps('b', False):.2f}x")
+    if set("mt") <= set(args.setups):
+        lines.append(
+            f"- what antdt-tf adds to a TF1 job (the same model on both sides): (m) throughput "
+            f"without straggler vs (t): {med_rps('m', False) / med_rps('t', False):.2f}x; JCT "
+            f"(t)/(m) with the straggler: {med_jct('t', True) / med_jct('m', True):.2f} "
+            f"(how many times faster antdt-tf is)")
+    if set("bt") <= set(args.setups):
+        lines.append(
+            f"- what the TF1 model as written costs: (t) vs (b) throughput without straggler: "
+            f"{med_rps('t', False) / med_rps('b', False):.2f}x")
     if set("ck") <= set(args.setups):
         lines.append(
             f"- antdt-tf's Keras path: (k) throughput without straggler vs (c): "
@@ -862,8 +899,8 @@ def main():
     ap.add_argument("--slowdown", type=float, default=4.0)
     ap.add_argument("--setups", default="abc", help="which setups to run, e.g. 'ac' (s: the "
                     "diagnostic TF2 PSS static-thirds loop, d: (c) without periodic checkpoints, m: antdt "
-                    "on TF1 MonitoredTrainingSession hooks, k: antdt with Keras model.fit, v: bare tf-keras "
-                    "model.fit)")
+                    "on TF1 MonitoredTrainingSession hooks, t: (b) with (m)'s TF1 model, k: antdt with "
+                    "Keras model.fit, v: bare tf-keras model.fit)")
     ap.add_argument("--stragglers", default="both", choices=["both", "none", "only"],
                     help="run each setup without the straggler, with it, or both")
     ap.add_argument("--out", default="benchmarks/results/compare_pss.md")
@@ -873,6 +910,7 @@ def main():
                     choices=["driver", "vanilla_chief", "keras_chief", "tf1_worker"])
     ap.add_argument("--data", default="")
     ap.add_argument("--static_thirds", action="store_true")
+    ap.add_argument("--tf1_model", action="store_true")
     ap.add_argument("--cluster", default="")
     ap.add_argument("--index", type=int, default=0)
     ap.add_argument("--sync_dir", default="")

@@ -1,0 +1,260 @@
+"""What one TF1 training step of antdt-tf's hooks path costs, part by part.
+
+Usage::
+
+    python -m benchmarks.tf1_step_cost [--rounds=6] [--out=benchmarks/results/tf1_step_cost.md]
+
+Setup (m) of ``compare_pss`` against (b) takes the whole job apart: here one PS
+(``antdt-tf-server``), one master (``antdt_tf.master``) and one TF1 between-graph worker
+process at a time (its own ``tf.distribute.Server``, ``replica_device_setter``, an async
+``MonitoredTrainingSession``, worker 0 = the chief), on a generated record file. Each run
+builds one variant, trains ``--warmup`` steps, then measures ``--steps`` steps: CPU of
+the worker, the PS and the master (psutil, user + sys) and wall time. Runs are
+interleaved (A B C ..., ... C B A) so that the machine's drift hits every variant alike.
+
+Variants (each adds one part to the one before, except ``b``):
+
+``b``          (b)'s graph in ``compare_pss``: DeepFM's math written as graph ops on a
+               static slice of the file (seek, batch, decode in the step).
+``model``      the TF1 model a user writes (``estimator_examples.deepfm_tf1``:
+               ``get_variable``, ``GradientDescentOptimizer.minimize``, the audit
+               counter after the update) on the same static slice: what the model costs.
+``feed``       that model on ``ShardFeed.input_fn`` (leases from the master through
+               TF's RPC ops inside ``tf.data``, prefetch, the refused-lease filter); the
+               step runs the train op only: no lease record, no hooks (a probe: its
+               leases are never reported).
+``meta``       ``feed`` plus the lease metadata fetched with every step (one vector).
+``record``     ``meta`` plus the lease record's update on the PS: what the report hook
+               fetches with every step, without the hook.
+``hooks``      ``ShardFeed.hooks()`` in the session (report hook, chief's restore and
+               settle hooks): what ``compare_pss``'s (m) runs per step on a worker.
+``chief``      ``hooks`` plus the chief's checkpoint hook (``ShardFeed.chief_hooks``,
+               ``MonitoredTrainingSession(checkpoint_dir=...)``; no save while measured):
+               what (m)'s chief runs per step.
+
+Differences between rows are what a part costs: ``model - b`` the model as written,
+``feed - model`` the pipeline, ``meta - feed`` the fetch, ``record - meta`` the PS
+record, ``hooks -
+record`` the hooks' Python and reports, ``chief - hooks`` the chief's checkpoint hook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+VARIANTS = ("b", "model", "feed", "meta", "record", "hooks", "chief")
+PARTS = ("worker", "ps", "master")
+
+
+def worker(args) -> None:
+    """One run: build the variant, warm up, measure, write the result, exit."""
+    import psutil
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()
+    from antdt_tf.estimator import ShardFeed
+    from antdt_tf.estimator.feed import META_COLLECTION, RECORD_COLLECTION
+    from antdt_tf.sharding.client import ShardingClient
+    from antdt_tf.sharding.plan import DataFile, DatasetSpec
+    from benchmarks.compare_pss import tf1_static_graph
+    from estimator_examples.deepfm_tf1 import deepfm_train_op
+
+    spec = json.loads(args.cluster)
+    cluster = tf.train.ClusterSpec(spec)
+    device = "/job:worker/task:0"
+    config = v1.ConfigProto(device_filters=["/job:ps", device])
+    server = tf.distribute.Server(cluster, job_name="worker", task_index=0, config=config)
+    variant, hooks, feed = args.variant, [], None
+    if variant in ("feed", "meta", "record", "hooks", "chief"):
+        with ShardingClient(args.master) as admin:
+            admin.register_dataset(DatasetSpec(args.dataset, records_per_shard=args.records_per_shard,
+                                               files=(DataFile(args.data, args.records),)))
+        feed = ShardFeed(args.master, args.dataset, args.batch_size, worker=0,
+                         worker_device=device, sparse_reports=True)
+    with v1.device(v1.train.replica_device_setter(cluster=cluster, worker_device=device)):
+        if variant == "b":
+            train_op, _, _ = tf1_static_graph(tf, args, 0, 1)
+        else:
+            if feed is None:
+                from antdt_tf.tf.reader import decode_records, records_from
+
+                ds = tf.data.Dataset.zip((records_from(args.data, 0).take(args.records),
+                                          tf.data.Dataset.range(args.records)))
+                raw, ids = v1.data.make_one_shot_iterator(ds.batch(args.batch_size)).get_next()
+                features = decode_records(raw)
+                labels = features.pop("label")
+                features["record_id"] = ids
+            else:
+                features, labels = feed.input_fn()
+            _, train_op = deepfm_train_op(features, labels, 1, args.buckets, args.learning_rate,
+                                          args.records)
+    fetches = train_op
+    if variant == "meta":
+        fetches = [train_op, v1.get_collection(META_COLLECTION)]
+    if variant == "record":
+        fetches = [train_op, v1.get_collection(META_COLLECTION),
+                   v1.get_collection(RECORD_COLLECTION)[1]]
+    checkpoint_dir, chief_hooks = None, []
+    if variant in ("hooks", "chief"):
+        hooks = feed.hooks()
+    if variant == "chief":
+        checkpoint_dir = args.result + ".ckpt"
+        chief_hooks = feed.chief_hooks(checkpoint_dir, save_secs=3600)
+    sess = v1.train.MonitoredTrainingSession(
+        master=server.target, is_chief=True, config=config, checkpoint_dir=checkpoint_dir,
+        save_checkpoint_secs=None, save_checkpoint_steps=None, save_summaries_steps=None,
+        save_summaries_secs=None, log_step_count_steps=None, hooks=hooks,
+        chief_only_hooks=chief_hooks)
+    procs = {"worker": psutil.Process(), "ps": psutil.Process(args.ps_pid),
+             "master": psutil.Process(args.master_pid)}
+
+    def cpu():
+        return {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+
+    for _ in range(args.warmup):
+        sess.run(fetches)
+    c0, t0 = cpu(), time.perf_counter()
+    for _ in range(args.steps):
+        sess.run(fetches)
+    t1, c1 = time.perf_counter(), cpu()
+    result = {"wall": t1 - t0, **{k: c1[k] - c0[k] for k in PARTS}}
+    pathlib.Path(args.result).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)   # no orderly session close: the next run starts at once
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=6, help="runs per variant")
+    ap.add_argument("--steps", type=int, default=300, help="measured steps per run")
+    ap.add_argument("--warmup", type=int, default=40, help="unmeasured steps per run")
+    ap.add_argument("--batch_size", type=int, default=256)
+    ap.add_argument("--buckets", type=int, default=1 << 16)
+    ap.add_argument("--learning_rate", type=float, default=0.2)
+    ap.add_argument("--records_per_shard", type=int, default=2048)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", default="benchmarks/results/tf1_step_cost.md")
+    # internal: one run
+    ap.add_argument("--role", default="driver", choices=["driver", "worker"])
+    ap.add_argument("--variant", default="")
+    ap.add_argument("--cluster", default="")
+    ap.add_argument("--master", default="")
+    ap.add_argument("--dataset", default="")
+    ap.add_argument("--data", default="")
+    ap.add_argument("--records", type=int, default=0)
+    ap.add_argument("--ps_pid", type=int, default=0)
+    ap.add_argument("--master_pid", type=int, default=0)
+    ap.add_argument("--result", default="")
+    args = ap.parse_args()
+    if args.role == "worker":
+        return worker(args)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
+
+    from antdt_tf.data import criteo, records
+    from antdt_tf.procutil import start_master
+    from antdt_tf.tf.local_cluster import LocalCluster, free_ports
+    from benchmarks.compare_pss import _env, _killpg
+
+    # a run's steps and its warm-up, a batch to spare, whole shards
+    per_run = (args.steps + args.warmup + 1) * args.batch_size
+    num_records = -(-per_run // args.records_per_shard) * args.records_per_shard
+    work = pathlib.Path(tempfile.mkdtemp(prefix="antdt-tf1-step-cost-"))
+    data = str(work / "train.adtr")
+    records.write_records(data, criteo.generate(criteo.SyntheticSpec(num_records, seed=1)))
+    master, address = start_master(work)
+    cluster = LocalCluster(num_ps=1, num_workers=0, log_dir=work)
+    cluster.spec = {"ps": cluster.spec["ps"], "worker": [f"127.0.0.1:{free_ports(1)[0]}"]}
+    rows = {v: [] for v in variants}
+    try:
+        ps = cluster.start_task("ps", 0)
+        n = 0
+        for r in range(args.rounds):
+            for v in (variants if r % 2 == 0 else variants[::-1]):
+                n += 1
+                result = work / f"run{n}.json"
+                cmd = [sys.executable, "-m", "benchmarks.tf1_step_cost", "--role=worker",
+                       f"--variant={v}", f"--cluster={json.dumps(cluster.spec)}",
+                       f"--master={address}", f"--dataset=run{n}", f"--data={data}",
+                       f"--records={num_records}", f"--ps_pid={ps.pid}",
+                       f"--master_pid={master.pid}", f"--result={result}",
+                       f"--steps={args.steps}", f"--warmup={args.warmup}",
+                       f"--batch_size={args.batch_size}", f"--buckets={args.buckets}",
+                       f"--learning_rate={args.learning_rate}",
+                       f"--records_per_shard={args.records_per_shard}"]
+                with open(work / f"run{n}.log", "wb") as log:
+                    proc = subprocess.Popen(cmd, env=_env(), start_new_session=True,
+                                            stdout=log, stderr=log)
+                try:
+                    proc.wait(timeout=600)
+                finally:
+                    _killpg(proc)
+                if proc.returncode != 0 or not result.exists():
+                    raise RuntimeError(f"run {n} ({v}) exited {proc.returncode}; see "
+                                       f"{work / f'run{n}.log'}")
+                rows[v].append(json.loads(result.read_text()))
+                print(f"\rround {r + 1}/{args.rounds} {v:<8}", end="", flush=True)
+        print()
+    finally:
+        cluster.stop()
+        os.killpg(master.pid, signal.SIGKILL)
+        master.wait()
+    _write(args, rows)
+
+
+def _write(args, rows: dict) -> None:
+    ms = 1000.0 / args.steps
+
+    def mean(name, key):
+        return statistics.mean(x[key] for x in rows[name]) * ms
+
+    def total(name):
+        return sum(mean(name, k) for k in PARTS)
+
+    def stderr(name):
+        sums = [sum(x[k] for k in PARTS) * ms for x in rows[name]]
+        return statistics.stdev(sums) / len(sums) ** 0.5 if len(sums) > 1 else float("nan")
+
+    lines = [f"# CPU per TF1 training step, part by part ({time.strftime('%Y-%m-%d')}; "
+             f"{os.cpu_count()} cores, 1 PS + 1 TF1 worker (chief) + master, DeepFM "
+             f"{args.buckets:,} buckets, batch {args.batch_size}, shards of "
+             f"{args.records_per_shard:,}; {args.rounds} interleaved runs per variant of "
+             f"{args.steps} measured steps, means)", "",
+             "| variant | wall ms/step | worker CPU ms/step | PS | master | "
+             "total CPU ms/step (± s.e.) |", "|---|---:|---:|---:|---:|---:|"]
+    for name in rows:
+        lines.append(f"| {name} | {mean(name, 'wall'):.2f} | " + " | ".join(
+            f"{mean(name, k):.2f}" for k in PARTS) + f" | {total(name):.2f} ± {stderr(name):.2f} |")
+    lines.append("")
+    steps = [v for v in VARIANTS if v in rows]
+    for a, b in zip(steps, steps[1:]):
+        d = total(b) - total(a)
+        lines.append(f"- {b} - {a}: {d:+.2f} ms of CPU per step (worker "
+                     f"{mean(b, 'worker') - mean(a, 'worker'):+.2f}, PS "
+                     f"{mean(b, 'ps') - mean(a, 'ps'):+.2f}, master "
+                     f"{mean(b, 'master') - mean(a, 'master'):+.2f})")
+    if "b" in rows and "hooks" in rows:
+        lines.append(f"- hooks / b: {total('hooks') / total('b'):.2f}x the CPU per step")
+    lines += ["", f"Reproduce: `python -m benchmarks.tf1_step_cost --rounds={args.rounds} "
+              f"--steps={args.steps} --out={args.out}`."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
