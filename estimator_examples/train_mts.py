@@ -117,7 +117,10 @@ def main(argv):
     report = {"worker": i, "session_ready_seconds": round(ready, 3),
               "train_seconds": round(time.monotonic() - t0, 3), "steps": report_hook.steps,
               "records": report_hook.records, "refused_reports": report_hook.refused,
-              "reports": report_hook.reports}
+              "reports": report_hook.reports,
+              "step_seconds": round(report_hook.step_seconds, 3),
+              "first_step_unix": report_hook.first_step_unix,
+              "last_step_unix": report_hook.last_step_unix}
     if chief:
         saver = feed.state_saver
         report.update(checkpoints_with_state=saver.saves if saver else 0,

@@ -158,9 +158,10 @@ class ShardFeed:
         batch = iterator.get_next()
         meta = batch.pop("antdt")
         n = tf.shape(meta["lease"], out_type=tf.int64)[0]
-        for t in (meta["lease"][0], meta["shard"][0], meta["epoch"][0], meta["applied"][-1], n,
-                  meta["incarnation"], meta["sparse"][0], meta["length"][0]):
-            tf.compat.v1.add_to_collection(META_COLLECTION, t)
+        # one int64 vector (META_FIELDS), fetched with every step: one fetch, not eight
+        tf.compat.v1.add_to_collection(META_COLLECTION, tf.stack([tf.cast(t, tf.int64) for t in (
+            meta["lease"][0], meta["shard"][0], meta["epoch"][0], meta["applied"][-1], n,
+            meta["incarnation"], meta["sparse"][0], meta["length"][0])]))
         if self.sparse_reports:
             self._add_lease_record(meta, n)
         if self.parse is not None:
@@ -225,12 +226,19 @@ class ShardFeed:
                     save_steps: Optional[int] = None) -> list:
         """For ``MonitoredTrainingSession(chief_only_hooks=..., checkpoint_dir=...,
         save_checkpoint_secs=None, save_checkpoint_steps=None)``: a checkpoint saver
-        hook whose checkpoints carry the sharding state."""
+        hook whose checkpoints carry the sharding state. With ``save_secs`` it is
+        :class:`~antdt_tf.estimator.hooks.TimedCheckpointSaverHook` (TF's hook, without
+        a ``global_step`` fetch from the PS in every step), with ``save_steps`` TF's
+        ``CheckpointSaverHook``."""
         import tensorflow as tf
 
+        from antdt_tf.estimator.hooks import TimedCheckpointSaverHook
+
+        listeners = [self.state_saver_for_chief()]
+        if save_secs is not None and save_steps is None:
+            return [TimedCheckpointSaverHook(checkpoint_dir, save_secs, listeners=listeners)]
         return [tf.compat.v1.train.CheckpointSaverHook(
-            checkpoint_dir, save_secs=save_secs, save_steps=save_steps,
-            listeners=[self.state_saver_for_chief()])]
+            checkpoint_dir, save_secs=save_secs, save_steps=save_steps, listeners=listeners)]
 
     def close(self) -> None:
         self.client.close()

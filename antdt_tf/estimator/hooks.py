@@ -47,7 +47,8 @@ class ShardReportHook(tf.compat.v1.train.SessionRunHook):
         self.refused = 0
         self.reports = 0
         self.step_seconds = 0.0     # wall time inside session.run, summed
-        self._meta = None
+        self.first_step_unix = None  # when the first step started, the last one ended
+        self.last_step_unix = None
         self._fetches = None
         self._t0 = 0.0
         self._pending = None        # (lease, shard, epoch, applied) not yet reported
@@ -55,24 +56,26 @@ class ShardReportHook(tf.compat.v1.train.SessionRunHook):
 
     def begin(self):
         meta = tf.compat.v1.get_collection(META_COLLECTION)
-        if len(meta) != len(META_FIELDS) or self.feed.refused_lease is None:
+        if len(meta) != 1 or self.feed.refused_lease is None:
             raise ValueError("ShardReportHook needs the graph built by ShardFeed.input_fn "
                              f"(found {len(meta)} lease tensors in {META_COLLECTION!r})")
-        self._meta = meta
         record = tf.compat.v1.get_collection(RECORD_COLLECTION)
         # with sparse reports the record update runs in the step's own session.run
-        self._fetches = (meta, record[1]) if record else (meta, tf.no_op())
+        self._fetches = (meta[0], record[1]) if record else (meta[0], tf.no_op())
         self._refused_value = tf.compat.v1.placeholder(tf.int64, [], "antdt_refused_value")
         self._refuse = self.feed.refused_lease.assign(self._refused_value)
 
     def before_run(self, run_context):
+        if self.first_step_unix is None:
+            self.first_step_unix = time.time()
         self._t0 = time.perf_counter()
         return tf.compat.v1.train.SessionRunArgs(self._fetches)
 
     def after_run(self, run_context, run_values):
         seconds = time.perf_counter() - self._t0
+        self.last_step_unix = time.time()
         self.step_seconds += seconds
-        values = dict(zip(META_FIELDS, (int(v) for v in run_values.results[0])))
+        values = dict(zip(META_FIELDS, run_values.results[0].tolist()))
         self.feed.client.incarnation = values["incarnation"]   # the pipeline's antdt.open
         if self._pending is not None and self._pending[0] != values["lease"]:
             self._report(run_context.session)   # (a lease always ends on a due batch)
@@ -170,6 +173,42 @@ class LeaseSettleHook(tf.compat.v1.train.SessionRunHook):
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.feed.state_saver_for_chief().close_admin()
+
+
+class TimedCheckpointSaverHook(tf.compat.v1.train.CheckpointSaverHook):
+    """``CheckpointSaverHook(save_secs=...)`` that reads ``global_step`` only when a save
+    may be due. TF's hook fetches it from the PS with every step although with
+    ``save_secs`` only the clock decides: one more tensor from the PS a step, +0.7 ms
+    of CPU per step on the chief in ``benchmarks/tf1_step_cost.py`` (≈ 9 %). Everything
+    else — what is written, the listeners, the save at the start and the end — is TF's
+    hook's: it gets the step it would have fetched, at most every ``poll_seconds``
+    (default ``min(1 s, save_secs / 4)``), so a save is at most that late."""
+
+    def __init__(self, checkpoint_dir: str, save_secs: float, poll_seconds=None, **kwargs):
+        super().__init__(checkpoint_dir, save_secs=save_secs, **kwargs)
+        self.poll_seconds = min(1.0, save_secs / 4) if poll_seconds is None else poll_seconds
+        self._next_poll = 0.0
+        self._step = None
+
+    def begin(self):
+        super().begin()
+        self._step = tf.compat.v1.train.get_global_step()
+
+    def after_create_session(self, session, coord):
+        super().after_create_session(session, coord)
+        self._next_poll = time.monotonic() + self.poll_seconds
+
+    def before_run(self, run_context):
+        return None     # nothing fetched with the step
+
+    def after_run(self, run_context, run_values):
+        now = time.monotonic()
+        if now < self._next_poll:
+            return
+        self._next_poll = now + self.poll_seconds
+        step = run_context.session.run(self._step)
+        super().after_run(run_context, tf.compat.v1.train.SessionRunValues(
+            results=step, options=None, run_metadata=None))
 
 
 class ShardingStateSaver(tf.compat.v1.train.CheckpointSaverListener):

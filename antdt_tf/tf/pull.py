@@ -35,6 +35,7 @@ The RPC ops live in a private TensorFlow module (``gen_rpc_ops``, through
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -343,8 +344,14 @@ def lease_record_update(record, worker, incarnation, lease, before, records,
     if real is not None:
         row = tf.where(real, row, tf.constant(spare_row, tf.int64))
         values = tf.where(real, values, tf.constant(-1, tf.int64))
-    return record.scatter_update(tf.IndexedSlices(tf.reshape(values, [1, 4]),
-                                                  tf.reshape(row, [1])))
+    # one tensor crosses to the PS, not two: every tensor a PS op takes from the worker
+    # is a RecvTensor call of its own (measured in TF1 sessions: ~0.1 ms of CPU a step)
+    packed = tf.concat([tf.reshape(row, [1]), values], 0)
+    # (a ShardedVariable, under a partitioner that splits even this, has no one device)
+    device = getattr(record, "device", None)
+    with tf.device(device) if device else contextlib.nullcontext():
+        return record.scatter_update(tf.IndexedSlices(tf.reshape(packed[1:], [1, 4]),
+                                                      packed[:1]))
 
 
 def apply_lease_records(record_fn, dataset: str, rows, held=(), drained: bool = False) -> None:
