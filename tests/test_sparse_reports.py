@@ -180,6 +180,18 @@ def test_a_slow_holder_gets_dense_leases_so_that_they_can_be_stolen():
     assert not lease(state, W(1)).sparse_reports
 
 
+def test_a_holder_within_the_noise_of_the_pace_keeps_sparse_leases():
+    state, clock = make(records=400, tail_stealing=True)
+    for _ in range(6):                       # worker 0: 1 s per shard, worker 1: 1.3 s
+        a = lease(state, W(0))
+        clock.now += 1
+        report(state, a, W(0), a.length, DONE)
+    b = lease(state, W(1))
+    clock.now += 1.3
+    report(state, b, W(1), b.length, DONE)
+    assert lease(state, W(1)).sparse_reports   # not slow by the Monitor's 1.5x either
+
+
 def test_held_leases_survive_journal_replay_snapshot_load_and_restore():
     journal = []
     state, _ = make(journal=journal.append)
