@@ -56,8 +56,11 @@ Setups
     a ``DatasetCreator`` whose every worker reads the whole file shuffled and repeated
     (as (a)), and ``fit`` for ``ceil(records / batch)`` steps — no master, no antdt
     callback. (k) vs (v) is what antdt-tf adds to a Keras job; (v) vs (a)/(s) what
-    Keras' own step costs. Its per-worker split and audit are not measured (the table
-    shows an even split and no audit); its ideal JCT is its JCT.
+    Keras' own step costs. Its step counts applications with the same two PS counters
+    as (k)'s ``--audit`` (``started`` before the step's updates, ``applied`` after
+    them; before 2026-12-06 (v) had no audit and (k) paid for two it did not), and like
+    (a) it samples the whole file, so records are applied 0, 1 or 2+ times. Its
+    per-worker split is not measured; its ideal JCT is its JCT.
 (t) **(b) with the TF1 model of (m)**: the same static thirds, but the model a TF1 user
     writes (``estimator_examples.deepfm_tf1``: ``get_variable``, the v1 optimizer's
     ``minimize``, the audit counter after the update), which (m) trains. (m) vs (t) is
@@ -90,7 +93,11 @@ Definitions
   ``experimental_get_current_worker_index``); (b) each worker's own clock around its
   loop; (c) the per-worker record counts the coordinator reports to the master's
   ClusterMonitor (every 1 s), polled by this driver every 0.25 s: busy time = when the
-  worker's count last grew (so (c)'s busy times are ~1 s coarse; capped at JCT).
+  worker's count last grew (so (c)'s busy times are ~1 s coarse; capped at JCT);
+  (m) each worker's own first step -> its last one (its report): a TF1 worker that
+  started later than the first (session creation, the chief's first checkpoint) is not
+  counted idle before it (the spread of the first steps is ``start_skew`` in each run's
+  ``summary.json``); (k) and (v): busy the whole JCT.
 * **ideal JCT** = records / sum of per-worker rates: how long the job would take if no
   worker ever idled at its measured speed. JCT/ideal = 1 means no load-imbalance loss.
 * **coordinator CPU s** = CPU seconds (user+sys, all threads) of the coordinator during
@@ -322,18 +329,40 @@ def keras_chief(args) -> None:
         model = build_keras_deepfm(args.buckets)
         model.compile(optimizer=keras.optimizers.SGD(args.learning_rate),
                       loss=keras.losses.BinaryCrossentropy(), steps_per_execution=spe)
+        # the audit of (k)'s --audit, the same two PS counters: `started` before the
+        # step's updates, `applied` after them
+        started = tf.Variable(tf.zeros([n], tf.int32), trainable=False)
+        applied = tf.Variable(tf.zeros([n], tf.int32), trainable=False)
+    original = model.train_step
+
+    def train_step(data):
+        x, y = data
+        x = dict(x)
+        ids = x.pop("record_id")
+        ones = tf.IndexedSlices(tf.ones_like(ids, tf.int32), ids)
+        begun = started.scatter_add(ones)
+        with tf.control_dependencies([begun]):
+            logs = original((x, y))
+        with tf.control_dependencies(tf.nest.flatten(logs)):
+            applied.scatter_add(ones)
+        return logs
+
+    model.train_step = train_step
     path = args.data
 
     def dataset_fn(_context):
         raw = tf.data.TFRecordDataset(path).skip(1)   # record 0 is the .adtr header
+        raw = tf.data.Dataset.zip((raw, tf.data.Dataset.range(n)))
 
-        def to_keras(r):
+        def to_keras(r, ids):
             batch = decode_records(r)
-            return {"dense": batch["dense"], "sparse": batch["sparse"]}, batch["label"]
+            return {"dense": batch["dense"], "sparse": batch["sparse"],
+                    "record_id": ids}, batch["label"]
         return raw.shuffle(args.shuffle_buffer).repeat().batch(b).map(to_keras).prefetch(2)
 
     data = keras.utils.experimental.DatasetCreator(dataset_fn)
     model.fit(data, epochs=1, steps_per_epoch=spe, verbose=0)   # traces, as (c) before its clock
+    warm = started.numpy(), applied.numpy()    # the warm-up's steps are not the job's
     steps = spe * math.ceil(math.ceil(n / b) / spe)
     _touch(sync / "ready_chief")
     t_go = _wait_file(sync / "go")
@@ -344,7 +373,10 @@ def keras_chief(args) -> None:
     per = steps * b // len(spec["worker"])
     result = {"t_go": t_go, "t_end": t_end, "coordinator_cpu": cpu, "steps": steps,
               "records_per_worker": [per] * len(spec["worker"]),
-              "last_step_time": [t_end] * len(spec["worker"]), "audit": None}
+              "last_step_time": [t_end] * len(spec["worker"]),
+              "audit": _audit(applied.numpy() - warm[1]),
+              "started_not_applied": int((started.numpy() - warm[0]
+                                          - (applied.numpy() - warm[1])).sum())}
     pathlib.Path(args.result).write_text(json.dumps(result))
     sys.stdout.flush()
     os._exit(0)   # ClusterCoordinator's teardown can linger; everything is written
@@ -709,6 +741,14 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
         # each worker's own clock at its last step (a PS variable the step updates)
         last_change = [t - r["train_started_unix"] if t > 0 else 0.0 for t in last_steps]
     busy = [min(t, jct) if t > 0 else jct for t in last_change]
+    skew = float("nan")
+    if api == "mts":
+        # each TF1 worker's own first and last step (its report: the chief's in the
+        # launcher's, the others' in their logs): busy from its first step on, as (b)'s
+        steps = _tf1_step_spans(work / "job", r["coordinator"])
+        if len(steps) == NUM_WORKERS:
+            busy = [last - first for first, last in steps]
+            skew = max(first for first, _ in steps) - min(first for first, _ in steps)
     t0 = r.get("train_started_unix") or 0.0
     by_role = cpu.between(t0, t0 + jct) if t0 else {}
     ideal, rates = _ideal(sum(per), per, busy)
@@ -716,7 +756,21 @@ def run_antdt(work: pathlib.Path, args, straggler: bool, checkpoint_every: float
     return {"jct": jct, "records": sum(per), "ideal": ideal, "rates": rates,
             "records_per_worker": per, "cpu": by_role,
             "coord_cpu": by_role.get("chief", float("nan")) if api != "mts" else float("nan"),
-            "audit": audit}
+            "audit": audit, "start_skew": skew}
+
+
+def _tf1_step_spans(job: pathlib.Path, chief: dict) -> list:
+    """``[(first_step_unix, last_step_unix)]`` of TF1 workers 0, 1, ...: worker 0's from
+    the chief's report, the others' from the JSON report each prints as its last line."""
+    spans = {0: (chief.get("first_step_unix"), chief.get("last_step_unix"))}
+    for path in job.glob("host*/worker*.log"):
+        for line in reversed(path.read_text(errors="replace").splitlines()):
+            if line.startswith('{"worker"'):
+                rep = json.loads(line)
+                spans[rep["worker"]] = (rep.get("first_step_unix"), rep.get("last_step_unix"))
+                break
+    out = [spans.get(i, (None, None)) for i in range(NUM_WORKERS)]
+    return out if all(a and b for a, b in out) else []
 
 
 SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
@@ -796,7 +850,7 @@ def write_results(args, results: dict, started: str) -> None:
             f"{_med(runs, 'jct'):.2f} | {rps:,.0f} | {_med(runs, 'ideal'):.2f} | {ratio:.2f} | "
             f"{'—' if key == 'm' else format(_med(runs, 'coord_cpu'), '.2f')}"
             f"{' (chief worker)' if key in ('b', 't') else ''} | "
-            f"{' / '.join(f'{x:,}' for x in per) if aud else '—'} | "
+            f"{' / '.join(f'{x:,}' for x in per) if aud and key != 'v' else '—'} | "
             + (f"{aud['applied_0']:,} / {aud['applied_1']:,} / {aud['applied_2plus']:,} |"
                if aud else "— |"))
     lines += ["", "CPU seconds by process role during training (medians; polled every 0.25 s "

@@ -19,6 +19,7 @@ Variants (each adds one part to the one before, except ``b``):
 ``model``      the TF1 model a user writes (``estimator_examples.deepfm_tf1``:
                ``get_variable``, ``GradientDescentOptimizer.minimize``, the audit
                counter after the update) on the same static slice: what the model costs.
+``feed_noprefetch`` ``feed`` with ``prefetch_batches=0``: what the read-ahead costs.
 ``feed``       that model on ``ShardFeed.input_fn`` (leases from the master through
                TF's RPC ops inside ``tf.data``, prefetch, the refused-lease filter); the
                step runs the train op only: no lease record, no hooks (a probe: its
@@ -51,7 +52,7 @@ import sys
 import tempfile
 import time
 
-VARIANTS = ("b", "model", "feed", "meta", "record", "hooks", "chief")
+VARIANTS = ("b", "model", "feed_noprefetch", "feed", "meta", "record", "hooks", "chief")
 PARTS = ("worker", "ps", "master")
 
 
@@ -75,12 +76,13 @@ def worker(args) -> None:
     config = v1.ConfigProto(device_filters=["/job:ps", device])
     server = tf.distribute.Server(cluster, job_name="worker", task_index=0, config=config)
     variant, hooks, feed = args.variant, [], None
-    if variant in ("feed", "meta", "record", "hooks", "chief"):
+    if variant in ("feed_noprefetch", "feed", "meta", "record", "hooks", "chief"):
         with ShardingClient(args.master) as admin:
             admin.register_dataset(DatasetSpec(args.dataset, records_per_shard=args.records_per_shard,
                                                files=(DataFile(args.data, args.records),)))
         feed = ShardFeed(args.master, args.dataset, args.batch_size, worker=0,
-                         worker_device=device, sparse_reports=True)
+                         worker_device=device, sparse_reports=True,
+                         prefetch_batches=0 if variant == "feed_noprefetch" else 2)
     with v1.device(v1.train.replica_device_setter(cluster=cluster, worker_device=device)):
         if variant == "b":
             train_op, _, _ = tf1_static_graph(tf, args, 0, 1)

@@ -111,9 +111,15 @@ def main(argv):
             log_step_count_steps=None, hooks=hooks, chief_only_hooks=chief_hooks,
             config=config) as sess:
         ready = time.monotonic() - t0
-        while not sess.should_stop():
-            sess.run(train_op)
-    report_hook = hooks[0]
+        try:
+            while not sess.should_stop():
+                sess.run(train_op)
+        except tf.errors.OutOfRangeError:
+            pass     # the master has no more data (MonitoredSession raises it from run)
+        report_hook = hooks[0]
+        # this worker's steps, at once: the launcher stops the others when the chief is done
+        print(json.dumps({"worker": i, "first_step_unix": report_hook.first_step_unix,
+                          "last_step_unix": report_hook.last_step_unix}), flush=True)
     report = {"worker": i, "session_ready_seconds": round(ready, 3),
               "train_seconds": round(time.monotonic() - t0, 3), "steps": report_hook.steps,
               "records": report_hook.records, "refused_reports": report_hook.refused,
