@@ -214,20 +214,27 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     def shard_batches(d):
         # Batches never span shards: a partial batch waiting for the next lease could
         # wait forever when that lease is its own shard's remainder (end of the data).
+        # Each lease's datasets are built anew, so they hold no function: decoding is
+        # one map *after* flat_map (a map inside instantiates its function for every
+        # lease), and a batch's offsets come from its index, not from
+        # range(length).batch(), which collects them one element at a time: ≈ 0.3 ms
+        # of worker CPU per batch of 256, measured — as much as the read and decode.
         raw = record_format.read(d["path"], d["file_start"], d["length"], d["batch_size"])
-        offsets = tf.data.Dataset.range(d["length"]).batch(d["batch_size"])
-        batches = tf.data.Dataset.zip((raw, offsets)).map(lambda r, o: to_batch(r, o, d))
+        index = tf.data.Dataset.range((d["length"] + d["batch_size"] - 1) // d["batch_size"])
+        lease = tf.data.Dataset.from_tensors(d).repeat()
+        batches = tf.data.Dataset.zip((raw, index, lease))
         if wait_markers:   # a WAIT (length 0, nothing read): one empty batch
-            marker = tf.data.Dataset.range(
-                tf.cast(tf.equal(d["status"], STATUS_WAIT), tf.int64)).map(
-                lambda _: to_batch(tf.zeros([0], tf.string), tf.zeros([0], tf.int64), d))
+            marker = tf.data.Dataset.from_tensors(
+                (tf.zeros([0], tf.string), tf.constant(0, tf.int64), d)).take(
+                tf.cast(tf.equal(d["status"], STATUS_WAIT), tf.int64))
             batches = batches.concatenate(marker)
         return batches
 
-    def to_batch(raw, offset, d):
+    def to_batch(raw, index, d):
         batch = dict(record_format.decode(raw))
         check_feature_names(batch, "the record format decodes to")
-        n = tf.shape(offset)[0]
+        n = tf.shape(raw, out_type=tf.int64)[0]
+        offset = index * d["batch_size"] + tf.range(n)
         batch["record_id"] = d["start"] + offset
         batch["antdt"] = {"lease": tf.fill([n], d["lease"]), "shard": tf.fill([n], d["shard"]),
                           "epoch": tf.fill([n], d["epoch"]), "applied": offset + 1,
@@ -236,7 +243,7 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
                           "incarnation": incarnation}
         return batch
 
-    return leases.flat_map(shard_batches)
+    return leases.flat_map(shard_batches).map(to_batch)
 
 
 def no_records(spec):
