@@ -7,7 +7,7 @@ STAMP := $(VENV)/.antdt-installed
 PROTOC_VENV := .venv-protoc
 PROTOC_STAMP := $(PROTOC_VENV)/.installed
 
-.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-multihost bench-ray bench-compare bench-step-cost bench-keras-step-cost bench-scenarios bench-peer protos bazel-test docs clean
+.PHONY: install protoc-venv venv-tf215 example-mts example-estimator test test-fast demo demo-sharding bench bench-shard-cost bench-multihost bench-ray bench-compare bench-step-cost bench-keras-step-cost bench-tf1-step-cost bench-apis bench-scenarios bench-peer protos bazel-test docs clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -113,6 +113,14 @@ bench-step-cost: $(STAMP)
 
 bench-keras-step-cost: $(STAMP)
 	$(PY) -m benchmarks.keras_step_cost --rounds=16 --out benchmarks/results/keras_step_cost.md
+
+# One TF1 worker's step part by part, runs interleaved (a few minutes)
+bench-tf1-step-cost: $(STAMP)
+	$(PY) -m benchmarks.tf1_step_cost --rounds=6 --steps=400 --out benchmarks/results/tf1_step_cost.md
+
+# The training APIs against their bare platforms: Keras (v/k), TF1 (b/t/m)
+bench-apis: $(STAMP)
+	$(PY) -m benchmarks.compare_pss --rounds=3 --setups=vkbtm --out benchmarks/results/compare_pss_apis.md
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor
 # fails. docs/cli.md is generated from the flags: python tools/gen_cli_reference.py
