@@ -33,8 +33,10 @@ class RecordFormat:
     """How to read a shard's records and decode them (subclass both methods)."""
 
     def read(self, path, start, length, batch_size) -> tf.data.Dataset:
-        """Batches (``tf.string [n]``, the last may be smaller) of the raw records
-        ``[start, start + length)`` of ``path``, in file order."""
+        """Batches of exactly ``batch_size`` raw records (``tf.string [n]``, only the
+        last may be smaller) of the records ``[start, start + length)`` of ``path``, in
+        file order: a record's id is its batch's index times ``batch_size`` plus its
+        place in the batch."""
         raise NotImplementedError
 
     def decode(self, raw) -> dict:
