@@ -258,3 +258,53 @@ def test_sparse_reports_open_next_report_and_the_held_lease(master):
         assert not admin.apply_lease_record("d", lease, held[0].holder, 80)
         p = admin.progress("d").datasets[0]
     assert not p.held and p.records_done_total == 70
+
+
+def test_pulled_batches_carry_each_record_once_from_its_place_with_its_id_and_position(
+        tmp_path):
+    """pull_dataset's batches, as a worker trains them: every record of the file once,
+    decoded from its own place in the file, with its ``record_id`` and ``applied`` (its
+    1-based position in its lease) — leases that are not a multiple of the batch size,
+    and the Controller's batch size for a later lease (ADJUST_BS)."""
+    import numpy as np
+
+    from antdt_tf.data import criteo, records
+    from antdt_tf.data.records import RecordFile
+    from antdt_tf.sharding.plan import DataFile
+
+    n = 250
+    path = str(tmp_path / "f.adtr")
+    records.write_records(path, criteo.generate(criteo.SyntheticSpec(n, seed=3)))
+    expected = RecordFile(path).read(0, n)
+    with BackgroundMaster(ShardingServicer(ShardState())) as m:
+        with ShardingClient(m.address) as admin:
+            admin.register_dataset(DatasetSpec("f", records_per_shard=100,
+                                               files=(DataFile(path, n),)))
+            batches = []
+            for batch in pull.pull_dataset(m.address, "f", 32, worker=0):
+                batches.append({k: v.numpy() for k, v in batch.items() if k != "antdt"}
+                               | {"lease": batch["antdt"]["lease"].numpy(),
+                                  "applied": batch["antdt"]["applied"].numpy(),
+                                  "length": batch["antdt"]["length"].numpy()})
+                if len(batches) == 1:     # from the next lease on: 24 a batch
+                    admin.set_batch_sizes("f", {0: 24})
+                assert pull.report_applied(m.address, "f", batch["antdt"]).numpy() == 0
+    ids = np.concatenate([b["record_id"] for b in batches])
+    assert sorted(ids.tolist()) == list(range(n))                 # each record once
+    for key in ("label", "dense", "sparse"):                      # read from its place
+        np.testing.assert_array_equal(np.concatenate([b[key] for b in batches]),
+                                      getattr(expected, key)[ids])
+    sizes, positions = {}, {}      # per lease, in the order the leases came
+    for b in batches:
+        lease = int(b["lease"][0])
+        assert (b["lease"] == lease).all() and (b["length"] == b["length"][0]).all()
+        sizes.setdefault(lease, []).append(len(b["record_id"]))
+        positions.setdefault(lease, []).extend(b["applied"].tolist())
+        start = b["record_id"] - b["applied"]      # the lease's first record id, less 1
+        assert (start == start[0]).all()
+    assert sorted(len(a) for a in positions.values()) == [50, 100, 100]
+    for i, (lease, applied) in enumerate(positions.items()):
+        assert applied == list(range(1, len(applied) + 1))
+        size = 32 if i == 0 else 24                # the Controller's size from lease 2 on
+        whole, rest = divmod(len(applied), size)
+        assert sizes[lease] == [size] * whole + ([rest] if rest else [])
