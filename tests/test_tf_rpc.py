@@ -308,3 +308,20 @@ def test_pulled_batches_carry_each_record_once_from_its_place_with_its_id_and_po
         size = 32 if i == 0 else 24                # the Controller's size from lease 2 on
         whole, rest = divmod(len(applied), size)
         assert sizes[lease] == [size] * whole + ([rest] if rest else [])
+
+
+@pytest.mark.parametrize("sparse_reports", [False, True])
+def test_the_report_rule_and_its_graph_twin_agree(sparse_reports):
+    """One report rule for every per-step trainer: the TF1 hooks' (Python) and the graph
+    ops of PullTrainer and the Keras step give the same answer in every case."""
+    from antdt_tf.sharding.tf_rpc_client import report_due
+
+    cases = [(s, a, n) for s in (0, 1) for n in (1, 8, 100) for a in range(0, n + 1)]
+    graph = [bool(pull.report_due_tensor(sparse_reports, c64(s), c64(a), c64(n)).numpy())
+             for s, a, n in cases]
+    python = [report_due(sparse_reports, s, a, n) for s, a, n in cases]
+    assert graph == python
+    # the rule itself: per batch without sparse reports; with them the lease's last
+    # batch and every batch of a lease the master wants per batch
+    assert all(python) if not sparse_reports else python == [
+        s == 0 or a >= n for s, a, n in cases]

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from antdt_tf.estimator.feed import META_COLLECTION, META_FIELDS, RECORD_COLLECTION, ShardFeed
 from antdt_tf.sharding.client import ShardingClient
+from antdt_tf.sharding.tf_rpc_client import report_due
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,8 @@ class ShardReportHook(tf.compat.v1.train.SessionRunHook):
         self._since.steps += 1
         self._since.records += values["records"]
         self._pending = (values["lease"], values["shard"], values["epoch"], values["applied"])
-        if (not self.feed.sparse_reports or values["sparse"] == 0
-                or values["applied"] >= values["length"]):
+        if report_due(self.feed.sparse_reports, values["sparse"], values["applied"],
+                      values["length"]):
             self._report(run_context.session)
 
     def _report(self, session) -> None:

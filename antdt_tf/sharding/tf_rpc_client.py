@@ -46,6 +46,16 @@ class Lease:
     sparse: int = 0         # 1: report when finished and per closure, not per batch
 
 
+def report_due(sparse_reports: bool, lease_sparse: int, applied: int, length: int) -> bool:
+    """Whether a trained batch's lease must be reported to the master now: every batch
+    without sparse reports; with them, the lease's last batch (``applied >= length``)
+    and every batch of a lease the master wants per batch (``lease_sparse == 0``: it may
+    be stolen or backed up). The rule of every trainer that reports per step — the TF1
+    hooks here, :func:`antdt_tf.tf.pull.report_due_tensor` (its graph twin, checked to
+    agree) in ``PullTrainer`` and the Keras step."""
+    return not sparse_reports or lease_sparse == 0 or applied >= length
+
+
 def _i64(v: int) -> tpb.TfTensor:
     return tpb.TfTensor(dtype=tpb.DT_INT64, int64_val=[int(v)])
 

@@ -57,7 +57,7 @@ from antdt_tf.tf import tf_internals
 from antdt_tf.tf.tf_internals import accept_remote_logs
 from antdt_tf.tf.pull import (DEFAULT_TIMEOUT_MS, apply_lease_records, check_feature_names,
                               lease_record_shape, lease_record_update, pull_dataset,
-                              report_applied, run_step)
+                              report_applied, report_due_tensor, run_step)
 
 log = logging.getLogger(__name__)
 
@@ -326,10 +326,10 @@ class ShardingCallback(keras.callbacks.Callback):
             report = {k: tf.boolean_mask(vec[k], real)
                       for k in ("lease", "shard", "epoch", "applied")}
             due = any_real
-            if sparse:   # a lease's last batch, or a lease wanted per batch
-                due = tf.logical_and(any_real, tf.logical_or(
-                    tf.equal(tf.reduce_min(vec["sparse"]), 0),
-                    tf.equal(tf.reduce_max(vec["applied"]), tf.reduce_max(vec["length"]))))
+            if sparse:   # (padding rows have no lease: only real batches are due)
+                due = tf.logical_and(any_real, report_due_tensor(
+                    True, tf.reduce_min(vec["sparse"]), tf.reduce_max(vec["applied"]),
+                    tf.reduce_max(vec["length"])))
             # the report goes out only after every update of the step has landed
             if started_var is None:
                 logs, effects = run_step(step)

@@ -247,6 +247,15 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     return leases.flat_map(shard_batches).map(to_batch)
 
 
+def report_due_tensor(sparse_reports: bool, lease_sparse, applied, length):
+    """:func:`antdt_tf.sharding.tf_rpc_client.report_due` as graph ops (scalar tensors
+    in, a bool tensor out; without sparse reports a constant): the one report rule of
+    ``PullTrainer``, the Keras step and the TF1 hooks."""
+    if not sparse_reports:
+        return tf.constant(True)
+    return tf.logical_or(tf.equal(lease_sparse, 0), tf.greater_equal(applied, length))
+
+
 def no_records(spec):
     """A batch of ``spec``'s structure without records: what a closure loop trains on
     (nothing) when its iterator is exhausted, so one ``tf.cond`` can guard the step."""
@@ -559,11 +568,8 @@ class PullTrainer(WorkerCounters):
             steps += 1
             lease = tf.reduce_max(meta["lease"])
             applied = tf.reduce_max(meta["applied"])
-            # due: every batch without sparse reports; with them, a lease the master
-            # wants per batch and a lease's last batch
-            due = tf.constant(True) if not sparse else tf.logical_or(
-                tf.equal(tf.reduce_max(meta["sparse"]), 0),
-                tf.equal(applied, tf.reduce_max(meta["length"])))
+            due = report_due_tensor(sparse, tf.reduce_max(meta["sparse"]), applied,
+                                    tf.reduce_max(meta["length"]))
             this = tf.stack([lease, tf.reduce_max(meta["shard"]),
                              tf.cast(tf.reduce_max(meta["epoch"]), tf.int64), applied])
             ident = tf.stack([meta["worker"], meta["incarnation"]])
