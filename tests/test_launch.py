@@ -35,8 +35,10 @@ def check_complete(report, kills):
 
 
 def test_worker_kill_master_kill_and_a_straggler(tmp_path):
+    # 150k records, not 60k: with the faster pull pipeline the job could end before
+    # the master's kill at 1.5 s was due
     report, out = launch(tmp_path, "slow:worker:1:x3@0s-4s", "kill:worker:0@1s",
-                         "kill:master@1.5s")
+                         "kill:master@1.5s", records=150_000)
     check_complete(report, kills=2)
     failed = {ev["task"] for ev in report["failures"]}
     assert failed == {"worker:0", "master:0"}
