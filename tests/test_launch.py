@@ -35,8 +35,8 @@ def check_complete(report, kills):
 
 
 def test_worker_kill_master_kill_and_a_straggler(tmp_path):
-    # 150k records, not 60k: with the faster pull pipeline the job could end before
-    # the master's kill at 1.5 s was due
+    # 150k records here and below, not 60k: with the faster pull pipeline a job could
+    # end before its kill at 1-1.5 s was due
     report, out = launch(tmp_path, "slow:worker:1:x3@0s-4s", "kill:worker:0@1s",
                          "kill:master@1.5s", records=150_000)
     check_complete(report, kills=2)
@@ -48,7 +48,7 @@ def test_worker_kill_master_kill_and_a_straggler(tmp_path):
 
 
 def test_ps_kill_relaunches_the_coordinator_from_the_checkpoint(tmp_path):
-    report, _ = launch(tmp_path, "slow:ps:0:x2@0s-1s", "kill:ps:0@1s")
+    report, _ = launch(tmp_path, "slow:ps:0:x2@0s-1s", "kill:ps:0@1s", records=150_000)
     check_complete(report, kills=1)
     assert report["restarts"]["ps:0"] == 1
     assert report["restarts"]["chief:0"] >= 1          # it exited 75 and was relaunched
@@ -57,7 +57,7 @@ def test_ps_kill_relaunches_the_coordinator_from_the_checkpoint(tmp_path):
 
 
 def test_coordinator_kill_is_relaunched_and_resumes(tmp_path):
-    report, _ = launch(tmp_path, "kill:coordinator@1s")
+    report, _ = launch(tmp_path, "kill:coordinator@1s", records=150_000)
     check_complete(report, kills=1)
     assert report["restarts"] == {"chief:0": 1}
     assert report["coordinator"]["restored_from"]
