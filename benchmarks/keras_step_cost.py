@@ -35,7 +35,6 @@ import argparse
 import os
 import pathlib
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -174,17 +173,9 @@ def _measure(args, address, data, num_records, cluster, master, psutil) -> dict:
 
 
 def _write(args, rows: dict, num_records: int) -> None:
-    ms = 1000.0 / args.steps_per_execution
+    from benchmarks.results_table import per_step_stats
 
-    def mean(name, key):
-        return statistics.mean(x[key] for x in rows[name]) * ms
-
-    def total(name):
-        return sum(mean(name, k) for k in PARTS)
-
-    def stderr(name):
-        sums = [sum(x[k] for k in PARTS) * ms for x in rows[name]]
-        return statistics.stdev(sums) / len(sums) ** 0.5
+    mean, total, stderr = per_step_stats(rows, PARTS, args.steps_per_execution)
 
     def diff(a, b):
         parts = ", ".join(f"{k} {mean(a, k) - mean(b, k):+.2f}" for k in PARTS)

@@ -10,3 +10,25 @@ def write_table(path: str, lines: list[str]) -> str:
     out.write_text(text)
     print("\n" + text)
     return text
+
+
+def per_step_stats(rows: dict, parts, steps: int):
+    """``(mean, total, stderr)`` for the step-cost probes: ``rows[variant]`` is a list of
+    runs, each ``{part: seconds, ...}`` over ``steps`` steps. ``mean(variant, part)`` and
+    ``total(variant)`` (summed over ``parts``) are milliseconds per step; ``stderr(variant)``
+    is the standard error of the total over the runs (nan with one run)."""
+    import statistics
+
+    ms = 1000.0 / steps
+
+    def mean(name, key):
+        return statistics.mean(x[key] for x in rows[name]) * ms
+
+    def total(name):
+        return sum(mean(name, k) for k in parts)
+
+    def stderr(name):
+        sums = [sum(x[k] for k in parts) * ms for x in rows[name]]
+        return statistics.stdev(sums) / len(sums) ** 0.5 if len(sums) > 1 else float("nan")
+
+    return mean, total, stderr

@@ -32,7 +32,6 @@ import argparse
 import os
 import pathlib
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -171,17 +170,9 @@ def _measure(args, address, cluster, master, variants, psutil) -> dict:
 
 
 def _write(args, rows: dict, num_records: int) -> None:
-    ms = 1000.0 / args.steps_per_closure
+    from benchmarks.results_table import per_step_stats
 
-    def mean(name, key):
-        return statistics.mean(x[key] for x in rows[name]) * ms
-
-    def total(name):
-        return sum(mean(name, k) for k in PARTS)
-
-    def stderr(name):
-        sums = [sum(x[k] for k in PARTS) * ms for x in rows[name]]
-        return statistics.stdev(sums) / len(sums) ** 0.5
+    mean, total, stderr = per_step_stats(rows, PARTS, args.steps_per_closure)
 
     lines = [f"# CPU per training step of the pull path ({time.strftime('%Y-%m-%d')}; "
              f"{os.cpu_count()} cores, 1 PS + 1 worker + master + chief, DeepFM "

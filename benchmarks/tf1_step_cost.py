@@ -46,7 +46,6 @@ import json
 import os
 import pathlib
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -218,17 +217,9 @@ def main() -> None:
 
 
 def _write(args, rows: dict) -> None:
-    ms = 1000.0 / args.steps
+    from benchmarks.results_table import per_step_stats
 
-    def mean(name, key):
-        return statistics.mean(x[key] for x in rows[name]) * ms
-
-    def total(name):
-        return sum(mean(name, k) for k in PARTS)
-
-    def stderr(name):
-        sums = [sum(x[k] for k in PARTS) * ms for x in rows[name]]
-        return statistics.stdev(sums) / len(sums) ** 0.5 if len(sums) > 1 else float("nan")
+    mean, total, stderr = per_step_stats(rows, PARTS, args.steps)
 
     lines = [f"# CPU per TF1 training step, part by part ({time.strftime('%Y-%m-%d')}; "
              f"{os.cpu_count()} cores, 1 PS + 1 TF1 worker (chief) + master, DeepFM "
