@@ -815,9 +815,12 @@ def write_results(args, results: dict, started: str) -> None:
     from benchmarks.results_table import write_table
 
     cmd = (f"python -m benchmarks.compare_pss --rounds={args.rounds} --records={args.records} "
-           f"--setups={args.setups} --out={args.out}")
-    if args.stragglers != "both":
-        cmd = cmd.replace(" --out", f" --stragglers={args.stragglers} --out")
+           f"--setups={args.setups}")
+    for flag, default in (("batch_size", 256), ("records_per_shard", 2048),
+                          ("stragglers", "both")):    # what a results file was run with
+        if getattr(args, flag) != default:
+            cmd += f" --{flag}={getattr(args, flag)}"
+    cmd += f" --out={args.out}"
     lines = [
         f"# vanilla TF2 PSS vs TF1 static sharding vs antdt-tf ({started}; 2 cores, 1 PS + 3 "
         f"workers, DeepFM {args.buckets:,} buckets, SGD lr {args.learning_rate:g}, "
@@ -927,6 +930,17 @@ def write_results(args, results: dict, started: str) -> None:
         lines.append(f"- JCT (c)/(c') with the straggler: "
                      f"{med_jct('c', True) / med_jct('d', True):.2f}, without: "
                      f"{med_jct('c', False) / med_jct('d', False):.2f}")
+    # a ratio needs both of its setups (and straggler modes) run: drop the parts that
+    # were not, rather than print "nan"
+    kept = []
+    for line in lines:
+        if line.startswith("- ") and "nan" in line:
+            parts = [p for p in line[2:].split("; ") if "nan" not in p]
+            if not parts:
+                continue
+            line = "- " + "; ".join(parts)
+        kept.append(line)
+    lines = kept
     lines += [
         "",
         "Per run (JCT s): " + "; ".join(

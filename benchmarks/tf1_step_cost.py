@@ -241,8 +241,11 @@ def _write(args, rows: dict) -> None:
                      f"{mean(b, 'master') - mean(a, 'master'):+.2f})")
     if "b" in rows and "hooks" in rows:
         lines.append(f"- hooks / b: {total('hooks') / total('b'):.2f}x the CPU per step")
+    extra = "".join(f" --{flag}={getattr(args, flag)}" for flag, default in (
+        ("records_per_shard", 2048), ("batch_size", 256), ("variants", ",".join(VARIANTS)))
+        if getattr(args, flag) != default)
     lines += ["", f"Reproduce: `python -m benchmarks.tf1_step_cost --rounds={args.rounds} "
-              f"--steps={args.steps} --out={args.out}`."]
+              f"--steps={args.steps}{extra} --out={args.out}`."]
     text = "\n".join(lines) + "\n"
     print(text)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
