@@ -42,7 +42,8 @@ PARTS = ("worker", "ps", "master", "chief")
 
 def _loop(tf, strategy, model, counters, steps_per_closure: int, counts: bool):
     """PullTrainer's closure loop without the report (and without the counters)."""
-    from antdt_tf.tf.pull import batch_counts, no_records
+    from antdt_tf.tf.accounting import batch_counts
+    from antdt_tf.tf.pull import no_records
 
     @tf.function
     def closure(iterator):

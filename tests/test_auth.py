@@ -126,22 +126,22 @@ def test_tf_rpc_data_path_carries_the_token_in_its_arguments(monkeypatch):
     import tensorflow as tf
 
     from antdt_tf.sharding.tf_rpc_client import TfRpcClient
-    from antdt_tf.tf import pull
+    from antdt_tf.tf import master_rpc
 
     with BackgroundMaster(ShardingServicer(ShardState()), token=TOKEN) as m:
         with ShardingClient(m.address, channel=auth.channel(m.address, token=TOKEN)) as c:
             c.register_dataset(SPEC)
         monkeypatch.setenv(auth.TOKEN_ENV, TOKEN)
-        client = pull._client(m.address, 5000, "auth-test")
-        (inc,) = pull._call(client, "antdt.open", [tf.constant("train"),
+        client = master_rpc.rpc_client(m.address, 5000, "auth-test")
+        (inc,) = master_rpc.rpc_call(client, "antdt.open", [tf.constant("train"),
                                                    tf.constant(0, tf.int64)], [tf.int64], 5000)
         assert int(inc) > 0
         with TfRpcClient(m.address, "train", 1, timeout=5, unavailable_seconds=1) as py:
             assert py.open() > 0 and py.next().status == 1    # a lease
         monkeypatch.delenv(auth.TOKEN_ENV)
-        other = pull._client(m.address, 5000, "auth-test-2")
+        other = master_rpc.rpc_client(m.address, 5000, "auth-test-2")
         with pytest.raises(tf.errors.UnauthenticatedError):
-            pull._call(other, "antdt.open", [tf.constant("train"), tf.constant(2, tf.int64)],
+            master_rpc.rpc_call(other, "antdt.open", [tf.constant("train"), tf.constant(2, tf.int64)],
                        [tf.int64], 5000)
         with TfRpcClient(m.address, "train", 3, timeout=5, unavailable_seconds=1) as py:
             with pytest.raises(AntdtError):
@@ -198,7 +198,7 @@ def test_tls_data_path_keeps_checking_the_token(cas, monkeypatch):
     their own (GetMasterInfo), where the token is still checked."""
     import tensorflow as tf
 
-    from antdt_tf.tf import pull
+    from antdt_tf.tf import master_rpc
 
     job, _ = cas
     with BackgroundMaster(ShardingServicer(ShardState()), token=TOKEN, tls=job) as m:
@@ -207,15 +207,15 @@ def test_tls_data_path_keeps_checking_the_token(cas, monkeypatch):
             monkeypatch.setenv(var, getattr(job, name))
         with ShardingClient(m.address) as c:                  # TLS + token from the env
             c.register_dataset(SPEC)
-        assert pull.tf_rpc_address(m.address) == m.server.monitor.master_info.tf_rpc_address
-        client = pull._client(m.address, 5000, "tls-test")
-        (inc,) = pull._call(client, "antdt.open", [tf.constant("train"),
+        assert master_rpc.tf_rpc_address(m.address) == m.server.monitor.master_info.tf_rpc_address
+        client = master_rpc.rpc_client(m.address, 5000, "tls-test")
+        (inc,) = master_rpc.rpc_call(client, "antdt.open", [tf.constant("train"),
                                                    tf.constant(0, tf.int64)], [tf.int64], 5000)
         assert int(inc) > 0
         monkeypatch.delenv(auth.TOKEN_ENV)
-        other = pull._client(m.address, 5000, "tls-test-2")
+        other = master_rpc.rpc_client(m.address, 5000, "tls-test-2")
         with pytest.raises(tf.errors.UnauthenticatedError):
-            pull._call(other, "antdt.open", [tf.constant("train"), tf.constant(2, tf.int64)],
+            master_rpc.rpc_call(other, "antdt.open", [tf.constant("train"), tf.constant(2, tf.int64)],
                        [tf.int64], 5000)
 
 

@@ -162,3 +162,47 @@ def test_no_import_cycles():
     assert len(graph) > 50 and graph["antdt_tf.sharding.state.ledger"] >= {
         "antdt_tf.sharding.state.records", "antdt_tf.errors"}       # the graph is read
     assert _cycles(graph) == []
+
+
+def _private_imports(pkg, root) -> list:
+    """``from antdt_tf.x import _name`` and ``thing._name`` on anything but ``self`` /
+    ``cls`` anywhere under ``root``: a helper private to one module (or class) used by
+    another. TensorFlow's own private APIs go through ``tf/tf_internals.py`` only."""
+    import ast
+
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        if "proto" in path.parts:
+            continue     # generated stubs
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("antdt_tf"):
+                bad += [f"{path.relative_to(pkg.parent)}: {node.module}.{a.name}"
+                        for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                continue
+            owner = ast.unparse(node.value)
+            if owner in ("self", "cls", "os") or path.name == "tf_internals.py":
+                continue     # its own; os._exit; the one home of TF's private APIs
+            if path.name == "client.py" and owner == "self._client":
+                continue     # ShardStream and the ShardingClient of its own module
+            bad.append(f"{path.relative_to(pkg.parent)}: {owner}.{node.attr}")
+    return bad
+
+
+def test_no_module_uses_another_modules_private_helpers(tmp_path):
+    import pathlib
+
+    sample = tmp_path / "antdt_tf"
+    sample.mkdir()
+    (sample / "m.py").write_text("from antdt_tf.tf.pull import _x\nfrom antdt_tf.tf import pull\n"
+                                 "pull._y()\nfrom antdt_tf import __version__\n"
+                                 "self._ok()\nself.reporter._report()\n")
+    assert _private_imports(sample, sample) == ["antdt_tf/m.py: antdt_tf.tf.pull._x",
+                                                "antdt_tf/m.py: pull._y",
+                                                "antdt_tf/m.py: self.reporter._report"]
+    pkg = pathlib.Path(__file__).resolve().parent.parent / "antdt_tf"
+    assert _private_imports(pkg, pkg) == []

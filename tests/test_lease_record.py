@@ -5,7 +5,7 @@ worker's row, by incarnation parity) and what the chief settles from the rows
 import tensorflow as tf
 
 from antdt_tf.proto import sharding_pb2 as pb
-from antdt_tf.tf.pull import apply_lease_records, lease_record_shape, lease_record_update
+from antdt_tf.tf.accounting import apply_lease_records, lease_record_shape, lease_record_update
 
 
 def record(slots: int) -> tf.Variable:

@@ -205,24 +205,24 @@ def test_the_master_judges_workers_from_their_step_reports():
     from antdt_tf.master.server import BackgroundMaster
     from antdt_tf.sharding.service import ShardingServicer
     from antdt_tf.sharding.state import ShardState
-    from antdt_tf.tf import pull
+    from antdt_tf.tf import master_rpc
 
     cfg = StragglerConfig(window_seconds=2, persistent_after_seconds=0.6, min_samples=3)
     monitor_servicer = ClusterMonitorServicer(ClusterView(straggler=cfg))
     with BackgroundMaster(ShardingServicer(ShardState()), monitor=monitor_servicer) as master, \
             ShardingClient(master.address) as admin, MonitorClient(master.address) as monitor:
         admin.register_dataset(DatasetSpec("d", num_records=1_000_000, records_per_shard=10_000))
-        client = pull._client(master.address, 5000, "test")
+        client = master_rpc.rpc_client(master.address, 5000, "test")
         i64 = lambda v: tf.constant(v, tf.int64)  # noqa: E731
 
         def call(method, args, tout):
-            return [t.numpy() for t in pull._call(client, method, args, tout, 5000)]
+            return [t.numpy() for t in master_rpc.rpc_call(client, method, args, tout, 5000)]
 
         name, leases = tf.constant("d"), []
         for w in range(3):
             (inc,) = call("antdt.open", [name, i64(w)], [tf.int64])
             _, lease, shard, epoch, *_ = call(
-                "antdt.next", [name, i64(w), i64(inc), i64(1)], pull._NEXT_TYPES)
+                "antdt.next", [name, i64(w), i64(inc), i64(1)], master_rpc.NEXT_TYPES)
             leases.append((inc, lease, shard, epoch))
         applied = [0, 0, 0]
         for tick in range(80):

@@ -17,7 +17,7 @@ from antdt_tf.sharding.plan import DatasetSpec  # noqa: E402
 from antdt_tf.master.server import BackgroundMaster  # noqa: E402
 from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState  # noqa: E402
-from antdt_tf.tf import pull  # noqa: E402
+from antdt_tf.tf import accounting, master_rpc, pull  # noqa: E402
 
 I64, I32, STR = tf.int64, tf.int32, tf.string
 
@@ -33,8 +33,8 @@ def master():
 
 
 def call(master, method, args, tout):
-    client = pull._client(master.address, 5000, "test")
-    return [t.numpy() for t in pull._call(client, method, args, tout, 5000)]
+    client = master_rpc.rpc_client(master.address, 5000, "test")
+    return [t.numpy() for t in master_rpc.rpc_call(client, method, args, tout, 5000)]
 
 
 def c64(v):
@@ -48,17 +48,17 @@ def test_open_next_report_end_with_tf_ops(master):
     while True:
         status, lease, shard, epoch, path, file_start, start, length, size, sparse = call(
             master, "antdt.next", [tf.constant("d"), c64(3), c64(inc), c64(len(leases) + 1)],
-            pull._NEXT_TYPES)
-        if status != pull.STATUS_SHARD:
+            master_rpc.NEXT_TYPES)
+        if status != master_rpc.STATUS_SHARD:
             break
         leases.append((lease, shard, epoch, length))
     # all three shards are leased to worker 3 now; nothing is free: WAIT (long poll)
-    assert status == pull.STATUS_WAIT and sorted(n for *_, n in leases) == [50, 100, 100]
+    assert status == master_rpc.STATUS_WAIT and sorted(n for *_, n in leases) == [50, 100, 100]
     master.server.tf_rpc.wait_seconds = 30     # a BSP round's call does not wait for it
     t0 = time.monotonic()
     status, *_ = call(master, "antdt.next", [tf.constant("d"), c64(3), c64(inc),
-                                             c64(len(leases) + 2), c64(0)], pull._NEXT_TYPES)
-    assert status == pull.STATUS_WAIT and time.monotonic() - t0 < 10
+                                             c64(len(leases) + 2), c64(0)], master_rpc.NEXT_TYPES)
+    assert status == master_rpc.STATUS_WAIT and time.monotonic() - t0 < 10
     master.server.tf_rpc.wait_seconds = 0.2
     lease, shard, epoch, length = leases[0]
     (rejected,) = call(master, "antdt.report", [
@@ -74,12 +74,12 @@ def test_open_next_report_end_with_tf_ops(master):
     progress = master.call(master.servicer.state.progress, "d").datasets[0]
     assert progress.finished and progress.records_done_total == 250
     status, *_ = call(master, "antdt.next", [tf.constant("d"), c64(3), c64(inc), c64(99)],
-                      pull._NEXT_TYPES)
-    assert status == pull.STATUS_END
+                      master_rpc.NEXT_TYPES)
+    assert status == master_rpc.STATUS_END
 
 
 def test_a_new_incarnation_takes_back_the_old_ones_leases(master):
-    nxt = pull._NEXT_TYPES
+    nxt = master_rpc.NEXT_TYPES
     (old,) = call(master, "antdt.open", [tf.constant("d"), c64(0)], [I64])
     first = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(old), c64(1)], nxt)
     retried = call(master, "antdt.next", [tf.constant("d"), c64(0), c64(old), c64(1)], nxt)
@@ -119,7 +119,7 @@ def test_a_new_incarnation_takes_back_the_old_ones_leases(master):
                               tf.constant([0], tf.int32), c64([1]), c64(-3), c64(1)], [I64],
      tf.errors.InvalidArgumentError),
     ("antdt.next", lambda: [tf.constant("d"), c64(0), c64(1), c64(1), c64(-1)],
-     pull._NEXT_TYPES, tf.errors.InvalidArgumentError),
+     master_rpc.NEXT_TYPES, tf.errors.InvalidArgumentError),
     ("antdt.step", lambda: [tf.constant("d"), c64(0), c64(1), c64(-5), c64(10)], [I64],
      tf.errors.InvalidArgumentError),
     ("antdt.step", lambda: [tf.constant("nope"), c64(0), c64(1), c64(5), c64(10)], [I64],
@@ -148,7 +148,7 @@ def test_adjusted_batch_sizes_reach_the_next_lease(master):
         for w in (0, 1):
             (inc,) = call(master, "antdt.open", [tf.constant("d"), c64(w)], [I64])
             sizes[w] = call(master, "antdt.next", [tf.constant("d"), c64(w), c64(inc), c64(1)],
-                            pull._NEXT_TYPES)[8]
+                            master_rpc.NEXT_TYPES)[8]
         assert sizes == {0: 0, 1: 48}
         assert admin.set_batch_sizes("d", {0: 16}, replace=True) == {0: 16}
 
@@ -163,7 +163,7 @@ def test_bsp_step_times_measured_on_the_worker_feed_the_monitor(master):
     assert judged[2].samples == 6
     assert judged[2].records_per_second == pytest.approx(400.0)
     (new,) = call(master, "antdt.open", [tf.constant("d"), c64(2)], [I64])
-    call(master, "antdt.next", [tf.constant("d"), c64(2), c64(new), c64(1)], pull._NEXT_TYPES)
+    call(master, "antdt.next", [tf.constant("d"), c64(2), c64(new), c64(1)], master_rpc.NEXT_TYPES)
     with pytest.raises(tf.errors.FailedPreconditionError):   # a replaced incarnation
         call(master, "antdt.step", [tf.constant("d"), c64(2), c64(inc), c64(1), c64(1)], [I64])
 
@@ -209,10 +209,10 @@ def test_the_report_waits_for_every_update_of_the_step(master):
 
     @tf.function
     def train():
-        _, effects = pull.run_step(step)
+        _, effects = accounting.run_step(step)
         awaited.extend(op.type for op in effects)
         with tf.control_dependencies(effects):
-            pull.report_applied(master.address, "d", meta, timeout_ms=5000)
+            accounting.report_applied(master.address, "d", meta, timeout_ms=5000)
 
     graph = train.get_concrete_function().graph
     # the writes are awaited, the step's reads are not (a PS read crossing to the
@@ -235,8 +235,8 @@ def test_sparse_reports_open_next_report_and_the_held_lease(master):
     d = tf.constant("d")
     (inc,) = call(master, "antdt.open", [d, c64(5), c64(1)], [I64])
     status, lease, shard, epoch, *_, sparse = call(
-        master, "antdt.next", [d, c64(5), c64(inc), c64(1)], pull._NEXT_TYPES)
-    assert status == pull.STATUS_SHARD and sparse == 1
+        master, "antdt.next", [d, c64(5), c64(inc), c64(1)], master_rpc.NEXT_TYPES)
+    assert status == master_rpc.STATUS_SHARD and sparse == 1
     steps = []
     master.server.tf_rpc.on_step = lambda *a: steps.append(a)
     (rejected,) = call(master, "antdt.report", [d, c64(5), c64(inc), c64([lease]), c64([shard]),
@@ -249,7 +249,7 @@ def test_sparse_reports_open_next_report_and_the_held_lease(master):
     # can settle it while the new pipeline has not pulled yet
     held = master.call(master.servicer.state.progress, "d").datasets[0].held
     assert [(h.lease_id, h.holder.incarnation, h.applied) for h in held] == [(lease, inc, 40)]
-    *_, sparse = call(master, "antdt.next", [d, c64(5), c64(again), c64(1)], pull._NEXT_TYPES)
+    *_, sparse = call(master, "antdt.next", [d, c64(5), c64(again), c64(1)], master_rpc.NEXT_TYPES)
     assert sparse == 0                              # opened without sparse = 1
     held = master.call(master.servicer.state.progress, "d").datasets[0].held
     assert [(h.lease_id, h.holder.incarnation, h.applied) for h in held] == [(lease, inc, 40)]
@@ -288,7 +288,7 @@ def test_pulled_batches_carry_each_record_once_from_its_place_with_its_id_and_po
                                   "length": batch["antdt"]["length"].numpy()})
                 if len(batches) == 1:     # from the next lease on: 24 a batch
                     admin.set_batch_sizes("f", {0: 24})
-                assert pull.report_applied(m.address, "f", batch["antdt"]).numpy() == 0
+                assert accounting.report_applied(m.address, "f", batch["antdt"]).numpy() == 0
     ids = np.concatenate([b["record_id"] for b in batches])
     assert sorted(ids.tolist()) == list(range(n))                 # each record once
     for key in ("label", "dense", "sparse"):                      # read from its place
@@ -317,7 +317,7 @@ def test_the_report_rule_and_its_graph_twin_agree(sparse_reports):
     from antdt_tf.sharding.tf_rpc_client import report_due
 
     cases = [(s, a, n) for s in (0, 1) for n in (1, 8, 100) for a in range(0, n + 1)]
-    graph = [bool(pull.report_due_tensor(sparse_reports, c64(s), c64(a), c64(n)).numpy())
+    graph = [bool(accounting.report_due_tensor(sparse_reports, c64(s), c64(a), c64(n)).numpy())
              for s, a, n in cases]
     python = [report_due(sparse_reports, s, a, n) for s, a, n in cases]
     assert graph == python

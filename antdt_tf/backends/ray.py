@@ -115,7 +115,7 @@ def connect(address: str = "auto", namespace: str = "") -> bool:
     return True
 
 
-def _watch_raylet(on_gone) -> None:
+def watch_raylet(on_gone) -> None:
     """Calls ``on_gone`` and leaves once this worker's raylet (its parent) is gone."""
     raylet = os.getppid()
 
@@ -148,7 +148,7 @@ class TaskActor:
         # children are forked from this one long-lived thread: their parent-death signal
         # follows the thread that forked them
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, "antdt-spawn")
-        _watch_raylet(self.supervisor.kill_all)
+        watch_raylet(self.supervisor.kill_all)
 
     def start(self, request: bytes) -> tuple[bytes, str]:
         req = cpb.StartTaskRequest.FromString(request)

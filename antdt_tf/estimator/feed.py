@@ -177,7 +177,7 @@ class ShardFeed:
         step runs, so it is written beside the step's updates, not after them."""
         import tensorflow as tf
 
-        from antdt_tf.tf.pull import lease_record_shape, lease_record_update
+        from antdt_tf.tf.accounting import lease_record_shape, lease_record_update
 
         graph = tf.compat.v1.get_default_graph()
         if graph.get_collection(RECORD_COLLECTION):

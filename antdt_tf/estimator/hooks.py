@@ -157,7 +157,7 @@ class LeaseSettleHook(tf.compat.v1.train.SessionRunHook):
         """Settles the held leases from the record (``everything``: also brings the
         master's count of live leases up to it, before a checkpoint). Returns how many
         leases were held."""
-        from antdt_tf.tf.pull import apply_lease_records
+        from antdt_tf.tf.accounting import apply_lease_records
 
         admin = self.feed.state_saver_for_chief().admin()   # the chief's one client
         with self._lock:

@@ -63,7 +63,7 @@ class MasterActor:
         # the master process dies with this actor: it is forked from one long-lived
         # thread (its parent-death signal follows that thread)
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, "antdt-spawn")
-        ray_backend._watch_raylet(self._kill_now)
+        ray_backend.watch_raylet(self._kill_now)
 
     def _kill_now(self) -> None:
         if self.master.proc is not None and self.master.proc.poll() is None:

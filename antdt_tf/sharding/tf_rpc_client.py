@@ -51,7 +51,7 @@ def report_due(sparse_reports: bool, lease_sparse: int, applied: int, length: in
     without sparse reports; with them, the lease's last batch (``applied >= length``)
     and every batch of a lease the master wants per batch (``lease_sparse == 0``: it may
     be stolen or backed up). The rule of every trainer that reports per step — the TF1
-    hooks here, :func:`antdt_tf.tf.pull.report_due_tensor` (its graph twin, checked to
+    hooks here, :func:`antdt_tf.tf.accounting.report_due_tensor` (its graph twin, checked to
     agree) in ``PullTrainer`` and the Keras step."""
     return not sparse_reports or lease_sparse == 0 or applied >= length
 

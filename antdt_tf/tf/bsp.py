@@ -47,8 +47,8 @@ import tensorflow as tf
 from antdt_tf import errors
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.sharding.client import Task
-from antdt_tf.tf.pull import (DEFAULT_TIMEOUT_MS, PullResult, WorkerCounters, _call,
-                               _client, pull_dataset)
+from antdt_tf.tf.master_rpc import DEFAULT_TIMEOUT_MS, rpc_call, rpc_client
+from antdt_tf.tf.pull import PullResult, WorkerCounters, pull_dataset
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +137,9 @@ class SyncRoundTrainer(WorkerCounters):
             with tf.control_dependencies(writes):
                 micros = tf.cast(tf.maximum(tf.timestamp() - round_start, 0.0) * 1e6, tf.int64)
                 incarnation = tf.reshape(meta["incarnation"], [])
-                _call(_client(self.master, self.timeout_ms, "report"), "antdt.step",
-                      [tf.constant(self.dataset), worker, incarnation, n, micros],
-                      [tf.int64], self.timeout_ms)
+                rpc_call(rpc_client(self.master, self.timeout_ms, "report"), "antdt.step",
+                         [tf.constant(self.dataset), worker, incarnation, n, micros],
+                         [tf.int64], self.timeout_ms)
                 self._worker_last_step.scatter_update(tf.IndexedSlices(
                     tf.reshape(tf.timestamp(), [1]), tf.reshape(worker, [1])))
                 return tf.stack([n, meta["lease"][0], meta["shard"][0],
@@ -206,12 +206,14 @@ class SyncRoundTrainer(WorkerCounters):
                                                   LENGTH))
                 furthest[key] = max(furthest[key], int(row[APPLIED]))
         for (worker, incarnation, lease, shard, epoch, length), n in furthest.items():
-            outcome = (pb.ReportShardRequest.DONE if n == length
-                       else pb.ReportShardRequest.PROGRESS)
+            leased = pb.Shard(dataset=self.dataset, lease_id=lease, shard_id=shard,
+                              epoch=epoch, length=length)
+            task = Task("worker", worker, incarnation)
             try:
-                self.reporter._report(
-                    pb.Shard(dataset=self.dataset, lease_id=lease, shard_id=shard, epoch=epoch),
-                    outcome, n, Task("worker", worker, incarnation))
+                if n == length:
+                    self.reporter.report_done(leased, task)
+                else:
+                    self.reporter.report_progress(leased, n, task)
             except (errors.LeaseNotHeld, errors.StaleIncarnation) as e:
                 # applied but no longer this worker's lease (expired during a long
                 # round): the rest of it is skipped by that worker from now on

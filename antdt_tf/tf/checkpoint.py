@@ -18,7 +18,11 @@ from antdt_tf.sharding.client import ShardingClient
 log = logging.getLogger(__name__)
 
 
-class _ShardingStateSlot(tf.train.experimental.PythonState):
+class ShardingStateSlot(tf.train.experimental.PythonState):
+    """The master's sharding state as a value of a ``tf.train.Checkpoint``: asked from the
+    master when the checkpoint is written, handed back to it when one is restored, so
+    model and data position restore together."""
+
     def __init__(self, client: ShardingClient, datasets):
         self.client = client
         self.datasets = list(datasets)
@@ -40,7 +44,7 @@ class ShardingCheckpoint:
         """``extra``: more trackables saved and restored with the model (e.g. an optimizer
         or the trainer's per-worker counters)."""
         self.checkpoint = tf.train.Checkpoint(model=model,
-                                              sharding=_ShardingStateSlot(client, datasets),
+                                              sharding=ShardingStateSlot(client, datasets),
                                               **extra)
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep)
 

@@ -32,10 +32,10 @@ recipe for one's own model and data: docs/keras.md)::
 
 Sparse reports (``sparse_reports=True`` on both, as the custom loop does by default):
 each step writes how far its lease got into a PS variable beside its gradients
-(:func:`~antdt_tf.tf.pull.lease_record_update`) and reports a lease only when it is
+(:func:`~antdt_tf.tf.accounting.lease_record_update`) and reports a lease only when it is
 finished or the master wants it per batch (an epoch's tail, slow holders); the callback,
 on the chief, settles the leases of dead or silent workers from that record
-(:func:`~antdt_tf.tf.pull.apply_lease_records`) about every second and before every
+(:func:`~antdt_tf.tf.accounting.apply_lease_records`) about every second and before every
 checkpoint. So that it can, a worker's step never waits for data longer than the
 master's long poll: when the master has nothing for it now, the step trains a padding
 batch (sample weight 0) instead of blocking in ``get_next`` — the chief's main thread,
@@ -55,9 +55,10 @@ import tf_keras as keras   # the [tf] extra installs it; TF_USE_LEGACY_KERAS=1 m
 from antdt_tf.sharding.client import HeldLeaseKeeper
 from antdt_tf.tf import tf_internals
 from antdt_tf.tf.tf_internals import accept_remote_logs
-from antdt_tf.tf.pull import (DEFAULT_TIMEOUT_MS, apply_lease_records, check_feature_names,
-                              lease_record_shape, lease_record_update, pull_dataset,
-                              report_applied, report_due_tensor, run_step)
+from antdt_tf.tf.accounting import (apply_lease_records, lease_record_shape, lease_record_update,
+                                    report_applied, report_due_tensor, run_step)
+from antdt_tf.tf.master_rpc import DEFAULT_TIMEOUT_MS
+from antdt_tf.tf.pull import check_feature_names, pull_dataset
 
 log = logging.getLogger(__name__)
 
@@ -374,10 +375,10 @@ class ShardingCallback(keras.callbacks.Callback):
         model.train_function = None      # rebuilt by fit() with the wrapped step
         self._wrapped = model
         if self.checkpoint_dir and self.manager is None:
-            from antdt_tf.tf.checkpoint import _ShardingStateSlot
+            from antdt_tf.tf.checkpoint import ShardingStateSlot
 
             objects = {"model": model,
-                       "sharding": _ShardingStateSlot(self.client, [self.dataset])}
+                       "sharding": ShardingStateSlot(self.client, [self.dataset])}
             if getattr(model, "optimizer", None) is not None:
                 objects["optimizer"] = model.optimizer
             if self.applied is not None:

@@ -5,135 +5,36 @@ Each worker's input pipeline talks to the master itself, with TensorFlow's RPC o
 it opens a new incarnation of task ``worker:<i>``, leases the next shard whenever it
 needs records, and reads the shard with TF ops (a true seek, see ``reader``) in batches
 of its own (a shard's last batch may be smaller; a batch that waited for the next lease
-could wait forever at the end of the data, when that lease is its own remainder). Only shard descriptors travel; records never pass through Python or the
-coordinator. A worker that is fast simply asks more often, so it gets more shards.
+could wait forever at the end of the data, when that lease is its own remainder). Only
+shard descriptors travel; records never pass through Python or the coordinator. A worker that is fast simply asks more often, so it gets more shards.
 
-Every batch carries, per record, the lease it came from and its position in the lease.
-After the training step has applied a batch, the worker tells the master how far each
-lease got (``antdt.report``, built by :func:`send_report`; :func:`report_applied` for a
-whole batch — the Keras path; in the same function, on the worker). So the master's offsets are
-exactly what the model has seen, up to the one batch in flight when a worker dies:
-re-issued leases resume after the applied records, and a checkpoint taken with no
-closure in flight holds model and sharding state that agree.
+Every batch carries, per record, the lease it came from and its position in the lease:
+what a trainer needs to tell the master, after the step has applied the batch, how far
+each lease got — exactly what the model has seen, up to the one batch in flight when a
+worker dies (re-issued leases resume after the applied records, and a checkpoint taken
+with no closure in flight holds model and sharding state that agree). The rules of that
+accounting, sparse reports and the PS lease record included, are
+:mod:`antdt_tf.tf.accounting`; the RPC client, :mod:`antdt_tf.tf.master_rpc`.
 
-Sparse reports (:class:`PullTrainer` with a ``record_fn``, the launcher's default): the
-per-batch record moves from the master to the PS — each step writes how far its lease
-got into a PS variable beside its gradients — and the master hears of a lease only when
-it is finished and at the end of each closure. The bound holds because the master
-*holds* a dead holder's sparse leases (instead of re-issuing them from its older count)
-until the trainer, which can read the PS, settles them from the record. Leases that may
-be stolen or backed up (an epoch's tail, slow holders) stay reported per batch.
-
-Both training APIs use it: :class:`PullTrainer` (custom loop over ``ClusterCoordinator``,
-many steps per closure, so the fixed cost per shard is one RPC) and the Keras path
-(``antdt_tf.tf.keras``).
-
-The RPC ops live in a private TensorFlow module (``gen_rpc_ops``, through
-:mod:`antdt_tf.tf.tf_internals`, whose test pins them).
+Every trainer pulls with it: :class:`PullTrainer` (custom loop over
+``ClusterCoordinator``, many steps per closure, so the fixed cost per shard is one RPC),
+the Keras path (``antdt_tf.tf.keras``), BSP rounds and the TF1 ``ShardFeed``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
-import logging
 import threading
 import time
 
 import tensorflow as tf
-from antdt_tf import auth
 from antdt_tf.sharding.client import HeldLeaseKeeper
-from antdt_tf.tf.tf_internals import is_stateful, rpc_ops
-
-_rpc = rpc_ops()
-
-STATUS_SHARD, STATUS_WAIT, STATUS_END = 1, 2, 3
-DEFAULT_TIMEOUT_MS = 60_000
-_NEXT_TYPES = [tf.int32, tf.int64, tf.int64, tf.int32, tf.string, tf.int64, tf.int64, tf.int64,
-               tf.int64, tf.int64]
-
-
-_TF_RPC_ADDRESSES: dict[str, str] = {}
-
-
-def tf_rpc_address(master: str) -> str:
-    """Where TensorFlow's RPC ops reach ``master``: the master itself, or, when the job
-    runs with TLS (which TF's RPC ops cannot speak), the plaintext port the master names
-    in GetMasterInfo. Asked once per master by the process that builds the graph."""
-    if not auth.tls_enabled():
-        return master
-    if master not in _TF_RPC_ADDRESSES:
-        from antdt_tf.monitor.client import MonitorClient
-
-        with MonitorClient(master, timeout=60) as monitor:
-            _TF_RPC_ADDRESSES[master] = monitor.master_info().tf_rpc_address
-    return _TF_RPC_ADDRESSES[master]
-
-
-def _client(master: str, timeout_ms: int, role: str):
-    # One named client per role: a handle that shares its resource with another user
-    # (the input pipeline vs the training step) was found deleted under the other.
-    master = tf_rpc_address(master)
-    client, _ = _rpc.rpc_client(server_address=master, timeout_in_ms=timeout_ms,
-                                shared_name=f"antdt_{role}_{master}",
-                                list_registered_methods=False)
-    return client
-
-
-# gRPC codes worth another attempt: the master restarting (a call in flight when it
-# died fails with INTERNAL "connection reset"; a call made while it is down waits for it,
-# up to the timeout). Application errors (NOT_FOUND, INVALID_ARGUMENT, ...) are raised.
-_RETRYABLE = (4, 13, 14)   # DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE
-
-
-def _call(client, method: str, args, tout, timeout_ms: int, attempts: int = 6):
-    """One RPC to the master from a TF graph, retried on transport errors (every method
-    is idempotent: ``next`` carries a request id, reports are absolute). Raises the
-    master's error (as the matching ``tf.errors`` type) if it does not succeed.
-
-    The first attempt runs outside any loop and the retries only when it failed: a
-    training step reports once per batch, and a ``tf.while_loop`` around every call cost
-    its frame even when the master answered at once (the common case)."""
-    def zeros():
-        return [tf.constant("" if t == tf.string else 0, t) for t in tout]
-
-    token = auth.job_token()
-    if token:     # TF's RPC ops send no metadata: the master checks the last argument
-        args = list(args) + [tf.constant(token)]
-
-    def attempt(i, code, *values):
-        future, deleter = _rpc.rpc_call(client=client, method_name=method, args=args,
-                                        timeout_in_ms=timeout_ms)
-        code, _ = _rpc.rpc_check_status(status_or=future)
-        code = tf.reshape(code, [])
-        values = tf.cond(tf.equal(code, 0),
-                         lambda: [tf.reshape(v, []) for v in
-                                  _rpc.rpc_get_value(status_or=future, Tout=tout)], zeros)
-        with tf.control_dependencies(values):
-            done = _rpc.delete_rpc_future_resource(handle=future, deleter=deleter)
-        with tf.control_dependencies([done]):
-            return [i + 1, tf.identity(code)] + [tf.identity(v) for v in values]
-
-    def again(i, code, *values):
-        retryable = tf.reduce_any(tf.equal(code, tf.constant(_RETRYABLE, tf.int64)))
-        return tf.logical_and(i < attempts, tf.logical_or(code < 0, retryable))
-
-    def raise_error():   # one more call, whose value op raises the master's error
-        future, deleter = _rpc.rpc_call(client=client, method_name=method, args=args,
-                                        timeout_in_ms=timeout_ms)
-        vals = _rpc.rpc_get_value(status_or=future, Tout=tout)
-        with tf.control_dependencies(vals):
-            done = _rpc.delete_rpc_future_resource(handle=future, deleter=deleter)
-        with tf.control_dependencies([done]):
-            return [tf.reshape(tf.identity(v), []) for v in vals]
-
-    def retry(code):
-        out = tf.while_loop(again, attempt, [tf.constant(1), code] + zeros())
-        return tf.cond(tf.equal(out[1], 0), lambda: list(out[2:]), raise_error)
-
-    _, code, *values = attempt(tf.constant(0), tf.constant(-1, tf.int64), *zeros())
-    return tf.cond(tf.equal(code, 0), lambda: values, lambda: retry(code))
+from antdt_tf.tf.accounting import (apply_lease_records, batch_counts, lease_record_shape,
+                                    lease_record_update, report_due_tensor, run_step,
+                                    send_report)
+from antdt_tf.tf.master_rpc import (DEFAULT_TIMEOUT_MS, NEXT_TYPES, STATUS_END, STATUS_SHARD,
+                                    STATUS_WAIT, rpc_call, rpc_client)
 
 
 PIPELINE_KEYS = ("record_id", "antdt")   # what pull_dataset adds to every batch
@@ -186,17 +87,17 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
     worker = tf.cast(worker, tf.int64)
     name = tf.constant(dataset)
-    client = _client(master, timeout_ms, "pull")
+    client = rpc_client(master, timeout_ms, "pull")
     open_args = [name, worker] + ([tf.constant(1, tf.int64)] if sparse_reports else [])
-    (incarnation,) = _call(client, "antdt.open", open_args, [tf.int64], timeout_ms)
+    (incarnation,) = rpc_call(client, "antdt.open", open_args, [tf.int64], timeout_ms)
 
     def next_lease(i):
         # request id i + 1 (unique in this incarnation): a retried call gets the same lease
         args = [name, worker, incarnation, i + 1]
         if wait_ms >= 0:
             args.append(tf.constant(wait_ms, tf.int64))
-        status, lease, shard, epoch, path, file_start, start, length, size, sparse = _call(
-            client, "antdt.next", args, _NEXT_TYPES, timeout_ms)
+        status, lease, shard, epoch, path, file_start, start, length, size, sparse = rpc_call(
+            client, "antdt.next", args, NEXT_TYPES, timeout_ms)
         # ADJUST_BS: the Controller's batch size for this worker, from this lease on
         size = tf.where(size > 0, size, tf.constant(batch_size, tf.int64))
         return {"status": status, "lease": lease, "shard": shard, "epoch": epoch,
@@ -247,160 +148,11 @@ def pull_dataset(master: str, dataset: str, batch_size: int, worker=None,
     return leases.flat_map(shard_batches).map(to_batch)
 
 
-def report_due_tensor(sparse_reports: bool, lease_sparse, applied, length):
-    """:func:`antdt_tf.sharding.tf_rpc_client.report_due` as graph ops (scalar tensors
-    in, a bool tensor out; without sparse reports a constant): the one report rule of
-    ``PullTrainer``, the Keras step and the TF1 hooks."""
-    if not sparse_reports:
-        return tf.constant(True)
-    return tf.logical_or(tf.equal(lease_sparse, 0), tf.greater_equal(applied, length))
-
-
 def no_records(spec):
     """A batch of ``spec``'s structure without records: what a closure loop trains on
     (nothing) when its iterator is exhausted, so one ``tf.cond`` can guard the step."""
     return tf.nest.map_structure(
         lambda t: tf.zeros([0 if d is None else d for d in t.shape], t.dtype), spec)
-
-
-# stateful only in that they read a resource: nothing to wait for before a report
-_READS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd",
-                    "VarIsInitializedOp", "VariableShape"})
-
-
-def run_step(step_fn, *args):
-    """Calls ``step_fn(*args)`` while a graph function is built and returns
-    ``(result, effects)``: every stateful op the step created.
-
-    Run the report to the master under ``tf.control_dependencies(effects)``. Automatic
-    control dependencies order ops only per resource, and the report is an RPC op on its
-    own client resource: without this it may run *before* the step's variable updates
-    land, and a worker killed in between leaves records the master counts as applied
-    but the model never saw (found in CI: a lost batch after a worker SIGKILL)."""
-    graph = tf.compat.v1.get_default_graph()
-    first = len(graph.get_operations())
-    result = step_fn(*args)
-    effects = [op for op in graph.get_operations()[first:]
-               if is_stateful(op) and op.type not in _READS]
-    return result, effects
-
-
-def send_report(master: str, dataset: str, worker, incarnation, leases, shards, epochs,
-                applied, micros=None, steps=None, timeout_ms: int = DEFAULT_TIMEOUT_MS):
-    """``antdt.report``: ``applied[i]`` records of ``leases[i]`` (from its start) are
-    trained. ``micros``/``steps``: the worker's own time in the steps since its previous
-    report (the Monitor's BPT; without them the master times the gap, one step).
-    Returns how many of the leases the master rejected: a rejected lease is no longer
-    this worker's (taken over by tail stealing, expired, revoked), its further batches
-    must not be applied. The one builder of the call's arguments for every trainer."""
-    args = [tf.constant(dataset), tf.reshape(tf.cast(worker, tf.int64), []),
-            tf.reshape(tf.cast(incarnation, tf.int64), []), leases, shards,
-            tf.cast(epochs, tf.int32), applied]
-    if micros is not None:
-        args += [tf.cast(micros, tf.int64), tf.cast(steps, tf.int64)]
-    (rejected,) = _call(_client(master, timeout_ms, "report"), "antdt.report", args,
-                        [tf.int64], timeout_ms)
-    return rejected
-
-
-def report_applied(master: str, dataset: str, meta: dict,
-                   timeout_ms: int = DEFAULT_TIMEOUT_MS, micros=None, steps=None):
-    """Tells the master how far each lease in a trained batch got (a batch of
-    :func:`pull_dataset`'s, or its real records: ``meta``'s per-record ``lease``,
-    ``shard``, ``epoch``, ``applied`` and the batch's ``worker``, ``incarnation``). Call
-    after the step (in the same tf.function, under ``tf.control_dependencies`` on the
-    step's effects: see :func:`run_step`). Returns the rejected count of
-    :func:`send_report` (``micros``/``steps``: as there). (What the batch counts for the
-    worker's own counters: :func:`batch_counts`.)"""
-    leases, idx = tf.unique(meta["lease"])
-    n = tf.shape(leases)[0]
-    return send_report(master, dataset, meta["worker"], meta["incarnation"], leases,
-                       tf.math.unsorted_segment_max(meta["shard"], idx, n),
-                       tf.math.unsorted_segment_max(meta["epoch"], idx, n),
-                       tf.math.unsorted_segment_max(meta["applied"], idx, n),
-                       micros=micros, steps=steps, timeout_ms=timeout_ms)
-
-
-def batch_counts(meta):
-    """``[records, leases finished]`` of a pulled batch, from its metadata alone (a
-    batch never spans leases, so its last record finishes the lease or not)."""
-    records = tf.shape(meta["lease"], out_type=tf.int64)[0]
-    finished = tf.cast(tf.logical_and(
-        records > 0, tf.equal(tf.reduce_max(meta["applied"]), tf.reduce_max(meta["length"]))),
-        tf.int64)
-    return tf.stack([records, finished])
-
-
-def lease_record_shape(worker_slots: int) -> list[int]:
-    """The lease record's shape: two rows per worker slot, chosen by the incarnation's
-    parity (the master alternates it, so a relaunched worker does not overwrite the row
-    of the incarnation that died before the trainer settled it); each row
-    ``(incarnation, lease, applied before the batch, the batch's records)``."""
-    return [2 * worker_slots, 4]
-
-
-def lease_record_update(record, worker, incarnation, lease, before, records,
-                        real=None, spare_row=None):
-    """Sparse reports, the recording side: the op that writes ``(incarnation, lease,
-    applied before the batch, records in the batch)`` into the worker's row of
-    ``record`` (an int64 variable on the PS, :func:`lease_record_shape`). Run it beside
-    the step's updates: where the lease was *before* the batch is a fact once the step
-    runs; ``before + records`` is where it is once the step has landed, which only a
-    trainer that drained its steps may assume. :func:`apply_lease_records` reads the
-    rows back. Every trainer's step uses this.
-
-    ``real`` (a bool tensor) and ``spare_row`` (a row past the workers', filled with -1):
-    a batch with no real records writes -1s there instead — for a step that writes
-    unconditionally, without a ``tf.cond`` around a PS op."""
-    def i64(v):
-        return tf.cast(tf.reshape(v, []), tf.int64)
-
-    incarnation = i64(incarnation)
-    row = 2 * i64(worker) + tf.math.floormod(incarnation, 2)
-    values = tf.stack([incarnation, i64(lease), i64(before), i64(records)])
-    if real is not None:
-        row = tf.where(real, row, tf.constant(spare_row, tf.int64))
-        values = tf.where(real, values, tf.constant(-1, tf.int64))
-    # one tensor crosses to the PS, not two: every tensor a PS op takes from the worker
-    # is a transfer of its own (the gain was within the step probes' noise, ±0.3 ms)
-    packed = tf.concat([tf.reshape(row, [1]), values], 0)
-    # (a ShardedVariable, under a partitioner that splits even this, has no one device)
-    device = getattr(record, "device", None)
-    with tf.device(device) if device else contextlib.nullcontext():
-        return record.scatter_update(tf.IndexedSlices(tf.reshape(packed[1:], [1, 4]),
-                                                      packed[:1]))
-
-
-def apply_lease_records(record_fn, dataset: str, rows, held=(), drained: bool = False) -> None:
-    """Sparse reports, the settling side: tells the master how far each worker's latest
-    lease got, from the record rows on the PS (:func:`lease_record_update`), and settles
-    ``held`` leases (``DatasetProgress.held``; a lease without a row is settled at the
-    master's own count, which is then exact: its holder trained no batch of it after its
-    last report). A row counts up to *before* its batch — the batch may not have landed
-    (a kill repeats at most that one batch) — unless ``drained``: every step the trainer
-    scheduled has finished (its checkpoint drain), so a live holder's last batch is in
-    the model and counts too (a held lease's holder died: its batch stays uncounted).
-    ``record_fn``: ``ShardingClient.apply_lease_record``. Shared by :class:`PullTrainer`,
-    the Keras callback and the TF1 chief's ``LeaseSettleHook``."""
-    from antdt_tf.proto import sharding_pb2 as pb
-
-    dead = {(h.lease_id, h.holder.incarnation) for h in held}
-    sent = set()
-    for row, (incarnation, lease, before, records) in enumerate(
-            [int(v) for v in r] for r in rows):
-        if incarnation >= 0 and lease >= 0:
-            holder = pb.TaskId(type="worker", index=row // 2, incarnation=incarnation)
-            landed = drained and (lease, incarnation) not in dead
-            record_fn(dataset, lease, holder, before + records if landed else before)
-            sent.add((lease, incarnation))
-    for h in held:
-        if (h.lease_id, h.holder.incarnation) not in sent:
-            record_fn(dataset, h.lease_id, h.holder, -1)
-    if held:
-        logging.info("settled %d held lease(s) of a dead or silent worker from the PS "
-                     "record: %s", len(held), ", ".join(
-                         f"{h.lease_id} (worker {h.holder.index}, {h.applied} reported)"
-                         for h in held))
 
 
 @dataclasses.dataclass
