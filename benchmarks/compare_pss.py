@@ -821,6 +821,9 @@ def write_results(args, results: dict, started: str) -> None:
         if getattr(args, flag) != default:
             cmd += f" --{flag}={getattr(args, flag)}"
     cmd += f" --out={args.out}"
+    # the Makefile target that runs exactly this (the results files it writes)
+    target = {"benchmarks/results/compare_pss.md": "bench-compare",
+              "benchmarks/results/compare_pss_apis.md": "bench-apis"}.get(args.out)
     lines = [
         f"# vanilla TF2 PSS vs TF1 static sharding vs antdt-tf ({started}; 2 cores, 1 PS + 3 "
         f"workers, DeepFM {args.buckets:,} buckets, SGD lr {args.learning_rate:g}, "
@@ -948,7 +951,7 @@ def write_results(args, results: dict, started: str) -> None:
                 f"{r['jct']:.1f} (load {r['load'][0]:.0f}->{r['load'][1]:.0f})" for r in runs)
             for (k, s), runs in results.items() if runs),
         "",
-        f"Reproduce: `{cmd}` (or `make bench-compare`).",
+        f"Reproduce: `{cmd}`" + (f" (or `make {target}`)." if target else "."),
     ]
     write_table(args.out, lines)
 
