@@ -65,6 +65,14 @@ Setups
     writes (``estimator_examples.deepfm_tf1``: ``get_variable``, the v1 optimizer's
     ``minimize``, the audit counter after the update), which (m) trains. (m) vs (t) is
     what antdt-tf adds to a TF1 job; (t) vs (b) what that way of writing the model costs.
+(u) **(t) as a TF1 job runs it**: the same workers and model, but started the way
+    (m)'s are, and checkpointed the way (m) is: the chief writes checkpoints with TF's
+    ``CheckpointSaverHook`` every 10 s (at the start — ``graph.pbtxt``, the meta graph,
+    checkpoint 0 — and at the end), the non-chiefs poll for the chief's initialized
+    model every 0.1 s (``SessionManager``'s wait, as antdt-tf's workers do), nobody
+    waits for a common start, and the clock runs from the first step of any worker to
+    the last step of all. (m) vs (u) compares the two jobs over the same kind of
+    window: start-up and checkpoint 0 inside it, as in (m)'s.
 (m) **antdt-tf's TF1 path**: (c)'s launcher with ``--api=mts``: the same master, dynamic
     sharding, per-step reports and audit, but every worker a TF1 between-graph
     ``MonitoredTrainingSession`` with the antdt SessionRunHooks (worker 0 the chief; no
@@ -451,16 +459,22 @@ def tf1_worker(args) -> None:
         train_op, batch_rows, applied_value = tf1_static_graph(tf, args, i, workers,
                                                                args.tf1_model)
 
-    if not is_chief:   # the chief initializes first: no 30 s recovery wait for us
+    checkpoint_dir = None
+    if args.as_job:   # (u): started and checkpointed as (m)'s workers are
+        from antdt_tf.estimator.feed import shorten_session_wait
+
+        shorten_session_wait(0.1)
+        checkpoint_dir = str(sync.parent / "checkpoints") if is_chief else None
+    elif not is_chief:   # the chief initializes first: no 30 s recovery wait for us
         _wait_file(sync / "chief_initialized")
     sess = tf.compat.v1.train.MonitoredTrainingSession(
-        master=server.target, is_chief=is_chief, config=config, checkpoint_dir=None,
-        save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
-        log_step_count_steps=0)
+        master=server.target, is_chief=is_chief, config=config, checkpoint_dir=checkpoint_dir,
+        save_checkpoint_secs=10 if checkpoint_dir else None, save_summaries_steps=None,
+        save_summaries_secs=None, log_step_count_steps=0)
     if is_chief:
         _touch(sync / "chief_initialized")
     _touch(sync / f"ready_{i}")
-    t_go = _wait_file(sync / "go")
+    t_go = time.time() if args.as_job else _wait_file(sync / "go")
     cpu0 = time.process_time()
     trained = 0
     try:
@@ -470,6 +484,8 @@ def tf1_worker(args) -> None:
     except tf.errors.OutOfRangeError:
         pass   # our third is done (MonitoredSession re-raises it from run())
     t_end = time.time()
+    if args.as_job:
+        sess.close()     # the chief's last checkpoint, as (m)'s chief writes it
     cpu = time.process_time() - cpu0
     result = {"t_go": t_go, "t_end": t_end, "cpu": cpu, "records": trained,
               "start": start, "length": length}
@@ -565,7 +581,8 @@ def run_vanilla(work: pathlib.Path, args, straggler: bool, static_thirds: bool =
             "cpu": cpu.between(r["t_go"], r["t_end"]), "audit": r["audit"]}
 
 
-def run_tf1(work: pathlib.Path, args, straggler: bool, tf1_model: bool = False) -> dict:
+def run_tf1(work: pathlib.Path, args, straggler: bool, tf1_model: bool = False,
+            as_job: bool = False) -> dict:
     from antdt_tf.agent.throttle import CpuThrottle
     from antdt_tf.tf.local_cluster import LocalCluster, free_ports
 
@@ -584,19 +601,25 @@ def run_tf1(work: pathlib.Path, args, straggler: bool, tf1_model: bool = False) 
                    f"--result={work / f'worker{i}.json'}", *_model_flags(args)]
             if tf1_model:
                 cmd.append("--tf1_model")
+            if as_job:
+                cmd.append("--as_job")
             with open(work / f"tf1_worker{i}.log", "ab") as log:
                 workers.append(subprocess.Popen(cmd, env=_env(), start_new_session=True,
                                                 stdout=log, stderr=log))
-        _wait_all([sync / f"ready_{i}" for i in range(NUM_WORKERS)], workers)
-        if straggler:
-            throttle = CpuThrottle(workers[2].pid, args.slowdown).start()
         import psutil
 
         procs = [psutil.Process(x.pid) for x in [cluster.procs["ps", 0], *workers]]
         cpu = CpuByRole()
+        if as_job:    # no common start; slowed from the start, as (m)'s @0s injection
+            throttle = CpuThrottle(workers[2].pid, args.slowdown).start() if straggler else None
+        else:
+            _wait_all([sync / f"ready_{i}" for i in range(NUM_WORKERS)], workers)
+            if straggler:
+                throttle = CpuThrottle(workers[2].pid, args.slowdown).start()
         cpu.sample(procs)
         t_go = time.time()
-        _touch(sync / "go")
+        if not as_job:
+            _touch(sync / "go")
         _wait_sampling(cpu, lambda: procs, lambda: any(w.poll() is None for w in workers),
                        "the TF1 workers")
     finally:
@@ -609,8 +632,12 @@ def run_tf1(work: pathlib.Path, args, straggler: bool, tf1_model: bool = False) 
     if bad:
         raise RuntimeError(f"TF1 workers {bad} failed; see {work}/tf1_worker*.log")
     rs = [json.loads((work / f"worker{i}.json").read_text()) for i in range(NUM_WORKERS)]
+    if as_job:   # from the first step of any worker: each one's t_go is its first step
+        t_go = min(r["t_go"] for r in rs)
+        busy = [r["t_end"] - r["t_go"] for r in rs]
+    else:
+        busy = [r["t_end"] - t_go for r in rs]
     jct = max(r["t_end"] for r in rs) - t_go
-    busy = [r["t_end"] - t_go for r in rs]
     per = [r["records"] for r in rs]
     ideal, rates = _ideal(sum(per), per, busy)
     return {"jct": jct, "records": sum(per), "ideal": ideal, "rates": rates,
@@ -779,6 +806,9 @@ SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
           # minimize): (m) vs (t) is what antdt-tf adds to a TF1 job
           "t": ("(t) TF1 static thirds, (m)'s model", lambda work, args, straggler: run_tf1(
               work, args, straggler, tf1_model=True)),
+          # (t) started and checkpointed as (m)'s job is, timed over the same window
+          "u": ("(u) (t) run as a job: ckpts, no common start", lambda work, args, straggler:
+                run_tf1(work, args, straggler, tf1_model=True, as_job=True)),
           "c": ("(c) antdt-tf", run_antdt),
           # antdt-tf's TF1 path: the same master and sharding, MonitoredTrainingSession
           # workers with the antdt SessionRunHooks (no ParameterServerStrategy)
@@ -912,6 +942,12 @@ def write_results(args, results: dict, started: str) -> None:
             f"without straggler vs (t): {med_rps('m', False) / med_rps('t', False):.2f}x; JCT "
             f"(t)/(m) with the straggler: {med_jct('t', True) / med_jct('m', True):.2f} "
             f"(how many times faster antdt-tf is)")
+    if set("mu") <= set(args.setups):
+        lines.append(
+            f"- antdt-tf's TF1 job against the same TF1 job without it, both timed from the "
+            f"first step (start-up and checkpoint 0 inside): (m) throughput without straggler "
+            f"vs (u): {med_rps('m', False) / med_rps('u', False):.2f}x; JCT (u)/(m) with the "
+            f"straggler: {med_jct('u', True) / med_jct('m', True):.2f}")
     if set("bt") <= set(args.setups):
         lines.append(
             f"- what the TF1 model as written costs: (t) vs (b) throughput without straggler: "
@@ -970,7 +1006,8 @@ def main():
     ap.add_argument("--slowdown", type=float, default=4.0)
     ap.add_argument("--setups", default="abc", help="which setups to run, e.g. 'ac' (s: the "
                     "diagnostic TF2 PSS static-thirds loop, d: (c) without periodic checkpoints, m: antdt "
-                    "on TF1 MonitoredTrainingSession hooks, t: (b) with (m)'s TF1 model, k: antdt with "
+                    "on TF1 MonitoredTrainingSession hooks, t: (b) with (m)'s TF1 model, u: (t) "
+                    "started and checkpointed as (m) is, k: antdt with "
                     "Keras model.fit, v: bare tf-keras model.fit)")
     ap.add_argument("--stragglers", default="both", choices=["both", "none", "only"],
                     help="run each setup without the straggler, with it, or both")
@@ -982,6 +1019,7 @@ def main():
     ap.add_argument("--data", default="")
     ap.add_argument("--static_thirds", action="store_true")
     ap.add_argument("--tf1_model", action="store_true")
+    ap.add_argument("--as_job", action="store_true")
     ap.add_argument("--cluster", default="")
     ap.add_argument("--index", type=int, default=0)
     ap.add_argument("--sync_dir", default="")
