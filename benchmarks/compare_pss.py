@@ -70,8 +70,8 @@ Setups
     ``CheckpointSaverHook`` every 10 s (at the start — ``graph.pbtxt``, the meta graph,
     checkpoint 0 — and at the end), the non-chiefs poll for the chief's initialized
     model every 0.1 s (``SessionManager``'s wait, as antdt-tf's workers do), nobody
-    waits for a common start, and the clock runs from the first step of any worker to
-    the last step of all. (m) vs (u) compares the two jobs over the same kind of
+    waits for a common start (the straggler is slowed from the first worker's session
+    on), and the clock runs from the first step of any worker to the last step of all. (m) vs (u) compares the two jobs over the same kind of
     window: start-up and checkpoint 0 inside it, as in (m)'s.
 (m) **antdt-tf's TF1 path**: (c)'s launcher with ``--api=mts``: the same master, dynamic
     sharding, per-step reports and audit, but every worker a TF1 between-graph
@@ -126,6 +126,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import statistics
 import subprocess
@@ -520,9 +521,11 @@ def _killpg(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _wait_all(paths, procs, timeout=300.0) -> None:
+def _wait_all(paths, procs, timeout=300.0, need=all) -> None:
+    """Until ``need`` (``all``, or ``any``) of ``paths`` exist; a process of ``procs``
+    that failed first raises."""
     deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths):
+    while not need(p.exists() for p in paths):
         for p in procs:
             if p.poll() is not None and p.returncode != 0:
                 raise RuntimeError(f"a process exited {p.returncode} before it was ready "
@@ -610,12 +613,13 @@ def run_tf1(work: pathlib.Path, args, straggler: bool, tf1_model: bool = False,
 
         procs = [psutil.Process(x.pid) for x in [cluster.procs["ps", 0], *workers]]
         cpu = CpuByRole()
-        if as_job:    # no common start; slowed from the start, as (m)'s @0s injection
-            throttle = CpuThrottle(workers[2].pid, args.slowdown).start() if straggler else None
-        else:
-            _wait_all([sync / f"ready_{i}" for i in range(NUM_WORKERS)], workers)
-            if straggler:
-                throttle = CpuThrottle(workers[2].pid, args.slowdown).start()
+        # (u) has no common start: training starts with the first worker's session, and
+        # the straggler is slowed from then on, as (m)'s @0s injection starts at the first
+        # leased shard (not while the worker imports TensorFlow)
+        _wait_all([sync / f"ready_{i}" for i in range(NUM_WORKERS)], workers,
+                  need=any if as_job else all)
+        if straggler:
+            throttle = CpuThrottle(workers[2].pid, args.slowdown).start()
         cpu.sample(procs)
         t_go = time.time()
         if not as_job:
@@ -885,7 +889,7 @@ def write_results(args, results: dict, started: str) -> None:
             f"| {name} | {'worker 2 x' + format(args.slowdown, 'g') if straggler else 'none'} | "
             f"{_med(runs, 'jct'):.2f} | {rps:,.0f} | {_med(runs, 'ideal'):.2f} | {ratio:.2f} | "
             f"{'—' if key == 'm' else format(_med(runs, 'coord_cpu'), '.2f')}"
-            f"{' (chief worker)' if key in ('b', 't') else ''} | "
+            f"{' (chief worker)' if key in ('b', 't', 'u') else ''} | "
             f"{' / '.join(f'{x:,}' for x in per) if aud and key != 'v' else '—'} | "
             + (f"{aud['applied_0']:,} / {aud['applied_1']:,} / {aud['applied_2plus']:,} |"
                if aud else "— |"))
@@ -971,10 +975,11 @@ def write_results(args, results: dict, started: str) -> None:
                      f"{med_jct('c', False) / med_jct('d', False):.2f}")
     # a ratio needs both of its setups (and straggler modes) run: drop the parts that
     # were not, rather than print "nan"
+    missing = re.compile(r"\bnanx?\b")    # how a ratio of a setup not run prints
     kept = []
     for line in lines:
-        if line.startswith("- ") and "nan" in line:
-            parts = [p for p in line[2:].split("; ") if "nan" not in p]
+        if line.startswith("- ") and missing.search(line):
+            parts = [p for p in line[2:].split("; ") if not missing.search(p)]
             if not parts:
                 continue
             line = "- " + "; ".join(parts)
