@@ -4,9 +4,8 @@ and the PS record that bounds what a failure repeats.
 The model every trainer follows (``PullTrainer``, the Keras step, BSP rounds and the
 TF1 hooks; ``ShardTrainer`` reports whole shards): a batch of
 :func:`~antdt_tf.tf.pull.pull_dataset` carries its lease and its records' positions in
-it; after the step has
-applied the batch (:func:`run_step` finds the step's effects to order the report after),
-the worker reports how far the lease got (:func:`send_report`, :func:`report_applied`) —
+it; after the step has applied the batch (:func:`run_step` finds the step's effects to
+order the report after), the worker reports how far the lease got (:func:`send_report`, :func:`report_applied`) —
 with sparse reports only when the report is due (:func:`report_due_tensor`, the graph
 twin of :func:`antdt_tf.sharding.tf_rpc_client.report_due`), the step writing its
 position into the PS lease record (:func:`lease_record_update`) instead, from which the
@@ -79,14 +78,14 @@ def send_report(master: str, dataset: str, worker, incarnation, leases, shards, 
     if micros is not None:
         args += [tf.cast(micros, tf.int64), tf.cast(steps, tf.int64)]
     (rejected,) = rpc_call(rpc_client(master, timeout_ms, "report"), "antdt.report", args,
-                        [tf.int64], timeout_ms)
+                           [tf.int64], timeout_ms)
     return rejected
 
 
 def report_applied(master: str, dataset: str, meta: dict,
                    timeout_ms: int = DEFAULT_TIMEOUT_MS, micros=None, steps=None):
     """Tells the master how far each lease in a trained batch got (a batch of
-    :func:`pull_dataset`'s, or its real records: ``meta``'s per-record ``lease``,
+    :func:`~antdt_tf.tf.pull.pull_dataset`'s, or its real records: ``meta``'s per-record ``lease``,
     ``shard``, ``epoch``, ``applied`` and the batch's ``worker``, ``incarnation``). Call
     after the step (in the same tf.function, under ``tf.control_dependencies`` on the
     step's effects: see :func:`run_step`). Returns the rejected count of
