@@ -804,6 +804,9 @@ def _tf1_step_spans(job: pathlib.Path, chief: dict) -> list:
     return out if all(a and b for a, b in out) else []
 
 
+# the run's flags a results file's reproduce line names when they differ from these
+REPRODUCE_DEFAULTS = {"batch_size": 256, "records_per_shard": 2048, "stragglers": "both"}
+
 SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
           "b": ("(b) TF1 static thirds", run_tf1),
           # (b)'s platform with the TF1 model (m) trains (get_variable, a v1 optimizer's
@@ -846,15 +849,11 @@ def _med(runs, key):
 
 
 def write_results(args, results: dict, started: str) -> None:
-    from benchmarks.results_table import write_table
+    from benchmarks.results_table import non_default_flags, write_table
 
     cmd = (f"python -m benchmarks.compare_pss --rounds={args.rounds} --records={args.records} "
-           f"--setups={args.setups}")
-    for flag, default in (("batch_size", 256), ("records_per_shard", 2048),
-                          ("stragglers", "both")):    # what a results file was run with
-        if getattr(args, flag) != default:
-            cmd += f" --{flag}={getattr(args, flag)}"
-    cmd += f" --out={args.out}"
+           f"--setups={args.setups}{non_default_flags(args, REPRODUCE_DEFAULTS)} "
+           f"--out={args.out}")
     # the Makefile target that runs exactly this (the results files it writes)
     target = {"benchmarks/results/compare_pss.md": "bench-compare",
               "benchmarks/results/compare_pss_apis.md": "bench-apis"}.get(args.out)
@@ -1003,10 +1002,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=1, choices=(0, 1),
                     help="1: one uncounted run of the first setup before the rounds")
     ap.add_argument("--records", type=int, default=120_000)
-    ap.add_argument("--batch_size", type=int, default=256)
+    ap.add_argument("--batch_size", type=int, default=REPRODUCE_DEFAULTS["batch_size"])
     ap.add_argument("--buckets", type=int, default=1 << 16)
     ap.add_argument("--learning_rate", type=float, default=0.2)
-    ap.add_argument("--records_per_shard", type=int, default=2048)
+    ap.add_argument("--records_per_shard", type=int,
+                    default=REPRODUCE_DEFAULTS["records_per_shard"])
     ap.add_argument("--shuffle_buffer", type=int, default=10_000)
     ap.add_argument("--slowdown", type=float, default=4.0)
     ap.add_argument("--setups", default="abc", help="which setups to run, e.g. 'ac' (s: the "
@@ -1014,7 +1014,8 @@ def main():
                     "on TF1 MonitoredTrainingSession hooks, t: (b) with (m)'s TF1 model, u: (t) "
                     "started and checkpointed as (m) is, k: antdt with "
                     "Keras model.fit, v: bare tf-keras model.fit)")
-    ap.add_argument("--stragglers", default="both", choices=["both", "none", "only"],
+    ap.add_argument("--stragglers", default=REPRODUCE_DEFAULTS["stragglers"],
+                    choices=["both", "none", "only"],
                     help="run each setup without the straggler, with it, or both")
     ap.add_argument("--out", default="benchmarks/results/compare_pss.md")
     ap.add_argument("--workdir", default="", help="default: a new temp dir (kept)")

@@ -32,3 +32,10 @@ def per_step_stats(rows: dict, parts, steps: int):
         return statistics.stdev(sums) / len(sums) ** 0.5 if len(sums) > 1 else float("nan")
 
     return mean, total, stderr
+
+
+def non_default_flags(args, defaults: dict) -> str:
+    """`` --flag=value`` for each of ``defaults`` (flag -> its parser default) that
+    ``args`` sets otherwise: what a results file's reproduce line must name."""
+    return "".join(f" --{flag}={getattr(args, flag)}" for flag, default in defaults.items()
+                   if getattr(args, flag) != default)

@@ -53,6 +53,9 @@ import time
 
 VARIANTS = ("b", "model", "feed_noprefetch", "feed", "meta", "record", "hooks", "chief")
 PARTS = ("worker", "ps", "master")
+# the run's flags a results file's reproduce line names when they differ from these
+REPRODUCE_DEFAULTS = {"records_per_shard": 2048, "batch_size": 256,
+                      "variants": ",".join(VARIANTS)}
 
 
 def worker(args) -> None:
@@ -139,11 +142,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="runs per variant")
     ap.add_argument("--steps", type=int, default=300, help="measured steps per run")
     ap.add_argument("--warmup", type=int, default=40, help="unmeasured steps per run")
-    ap.add_argument("--batch_size", type=int, default=256)
+    ap.add_argument("--batch_size", type=int, default=REPRODUCE_DEFAULTS["batch_size"])
     ap.add_argument("--buckets", type=int, default=1 << 16)
     ap.add_argument("--learning_rate", type=float, default=0.2)
-    ap.add_argument("--records_per_shard", type=int, default=2048)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--records_per_shard", type=int,
+                    default=REPRODUCE_DEFAULTS["records_per_shard"])
+    ap.add_argument("--variants", default=REPRODUCE_DEFAULTS["variants"])
     ap.add_argument("--out", default="benchmarks/results/tf1_step_cost.md")
     # internal: one run
     ap.add_argument("--role", default="driver", choices=["driver", "worker"])
@@ -217,7 +221,7 @@ def main() -> None:
 
 
 def _write(args, rows: dict) -> None:
-    from benchmarks.results_table import per_step_stats
+    from benchmarks.results_table import non_default_flags, per_step_stats
 
     mean, total, stderr = per_step_stats(rows, PARTS, args.steps)
 
@@ -241,9 +245,7 @@ def _write(args, rows: dict) -> None:
                      f"{mean(b, 'master') - mean(a, 'master'):+.2f})")
     if "b" in rows and "hooks" in rows:
         lines.append(f"- hooks / b: {total('hooks') / total('b'):.2f}x the CPU per step")
-    extra = "".join(f" --{flag}={getattr(args, flag)}" for flag, default in (
-        ("records_per_shard", 2048), ("batch_size", 256), ("variants", ",".join(VARIANTS)))
-        if getattr(args, flag) != default)
+    extra = non_default_flags(args, REPRODUCE_DEFAULTS)
     lines += ["", f"Reproduce: `python -m benchmarks.tf1_step_cost --rounds={args.rounds} "
               f"--steps={args.steps}{extra} --out={args.out}`."]
     text = "\n".join(lines) + "\n"
