@@ -174,13 +174,11 @@ def _private_imports(pkg, root) -> list:
     for path in sorted(root.rglob("*.py")):
         if "proto" in path.parts:
             continue     # generated stubs
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("antdt_tf"):
                 bad += [f"{path.relative_to(pkg.parent)}: {node.module}.{a.name}"
                         for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
-        for node in ast.walk(tree):
             if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
                     and not node.attr.startswith("__")):
                 continue

@@ -6,7 +6,8 @@ it opens a new incarnation of task ``worker:<i>``, leases the next shard wheneve
 needs records, and reads the shard with TF ops (a true seek, see ``reader``) in batches
 of its own (a shard's last batch may be smaller; a batch that waited for the next lease
 could wait forever at the end of the data, when that lease is its own remainder). Only
-shard descriptors travel; records never pass through Python or the coordinator. A worker that is fast simply asks more often, so it gets more shards.
+shard descriptors travel; records never pass through Python or the coordinator. A
+worker that is fast simply asks more often, so it gets more shards.
 
 Every batch carries, per record, the lease it came from and its position in the lease:
 what a trainer needs to tell the master, after the step has applied the batch, how far
