@@ -100,18 +100,38 @@ def check_bindable(host: str, port: int, flag: str = "--bind") -> None:
     raise CannotServe(f"cannot bind {host}:{port}: {failure.strerror or failure}")
 
 
-def output_file_problem(path: str, flag: str) -> str:
+def output_file_problem(path: str, flag: str, created_dir: str = "") -> str:
     """Why ``path`` cannot be written as a new file (its directory is missing or not a
     directory, or ``path`` is a directory), or "". Checked before the work starts, so a
-    binary does not fail at the end (or after serving) on a typo."""
+    binary does not fail at the end (or after serving) on a typo.
+
+    ``created_dir``: a directory the binary itself creates before it writes ``path``
+    (antdt-launch's ``--workdir``). A path under it may name directories that do not
+    exist yet; what must hold is that the part that exists is a writable directory."""
     import os
 
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    if os.path.isdir(target):
         return f"{flag}={path} is a directory"
+    if created_dir and _is_under(parent, os.path.abspath(created_dir)):
+        existing = parent
+        while not os.path.lexists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            return f"{flag}={path}: {existing} is not a directory"
+        if not os.access(existing, os.W_OK | os.X_OK):
+            return f"{flag}={path}: {existing} is not writable by this user"
+        return ""
     if not os.path.isdir(parent):
         what = "is not a directory" if os.path.lexists(parent) else "does not exist"
         return f"{flag}={path}: its directory {parent} {what}"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{flag}={path}: its directory {parent} is not writable by this user"
     return ""
+
+
+def _is_under(path: str, directory: str) -> bool:
+    import os
+
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)

@@ -140,6 +140,10 @@ flags.DEFINE_multi_string("inject", [], "Fault/straggler injection, repeatable: 
                           "kill:worker:1@30s, kill:ps:0@60s, kill:coordinator@45s, "
                           "kill:master@20s, slow:worker:2:x4@10s[-70s], slow:ps:0:x3@5s.")
 flags.DEFINE_string("workdir", "", "Job directory (data, state, logs). Default: a new temp dir.")
+flags.DEFINE_boolean("dry_run", False, "Check the whole job (flags, the master's JobSpec "
+                     "checks, data, paths, every task's arguments as an agent checks them), "
+                     "print what it would run, and exit 0 without starting, creating or "
+                     "contacting anything.")
 flags.DEFINE_float("timeout_seconds", 1800, "Give up (exit 1) after this long.")
 flags.DEFINE_integer("max_restarts", 5, "Restarts allowed per task before the job fails.")
 flags.DEFINE_boolean("progress", True, "Show the live progress line.")
@@ -301,9 +305,10 @@ def config_from_flags() -> JobConfig:
         if (workdir / "master").exists() or (workdir / "checkpoints").exists():
             raise app.UsageError(f"--workdir={workdir} holds a previous job's master state "
                                  "or checkpoints; use a new directory (or delete it)")
-    for flag in ("report_json",):
+    for flag in ("report_json",):     # written here, by the launcher (may be in the workdir)
         path = getattr(FLAGS, flag)
-        if path and (problem := exitcodes.output_file_problem(path, f"--{flag}")):
+        if path and (problem := exitcodes.output_file_problem(
+                path, f"--{flag}", created_dir=str(workdir) if workdir and not remote else "")):
             raise app.UsageError(problem)
     if not remote and FLAGS.checkpoint_dir and pathlib.Path(FLAGS.checkpoint_dir).exists() \
             and not pathlib.Path(FLAGS.checkpoint_dir).is_dir():
@@ -356,6 +361,15 @@ def config_from_flags() -> JobConfig:
             workdir=workdir or pathlib.Path(tempfile.gettempdir()).resolve())))
     except InvalidRequest as e:
         raise app.UsageError(str(e).replace("JobSpec.", "--")) from e
+    if FLAGS.dry_run:
+        workdir = workdir or pathlib.Path(tempfile.gettempdir()).resolve() / "antdt-job-NEW"
+        if not data:      # where generate_data would write them
+            data = str(workdir / "data" / "train.adtr")
+            eval_data = str(workdir / "data" / "eval.adtr") if FLAGS.eval_records else ""
+        return dataclasses.replace(cfg, workdir=workdir, data=data, eval_data=eval_data,
+                                   checkpoint_dir=str(pathlib.Path(FLAGS.checkpoint_dir)
+                                                      .resolve()) if FLAGS.checkpoint_dir
+                                   else str(workdir / "checkpoints"))
     try:
         if workdir is None:
             workdir = pathlib.Path(tempfile.mkdtemp(prefix="antdt-job-")).resolve()
@@ -381,6 +395,16 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     auth.flag_tls()       # checked before config_from_flags creates the workdir
     cfg = config_from_flags()
+    if FLAGS.dry_run:
+        from antdt_tf.launcher.dry_run import describe
+
+        try:
+            generate = (FLAGS.generate_records, FLAGS.eval_records) if not FLAGS.data else None
+            print(describe(cfg, generate=generate,
+                           report_json=FLAGS.report_json, ray_address=FLAGS.ray_address))
+        except InvalidRequest as e:     # a task's arguments an agent would refuse
+            raise app.UsageError(str(e)) from e
+        return exitcodes.OK
     where = (f"the hosts registered with {cfg.master}" if cfg.agents
              else f"the pods of the master at {cfg.master}" if cfg.backend == "kubernetes"
              else f"the nodes of the Ray cluster at {FLAGS.ray_address}" if cfg.ray
@@ -410,7 +434,9 @@ def main(argv):
         return exitcodes.FAILED
     print(summary_table(report))
     if FLAGS.report_json:
-        pathlib.Path(FLAGS.report_json).write_text(json.dumps(report, indent=2))
+        out = pathlib.Path(FLAGS.report_json)
+        out.parent.mkdir(parents=True, exist_ok=True)     # under the workdir (checked)
+        out.write_text(json.dumps(report, indent=2))
         print(f"report: {FLAGS.report_json}")
     return 0 if report.get("audit", {}).get("ok", True) else 1
 
