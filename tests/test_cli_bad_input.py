@@ -165,6 +165,40 @@ def test_launch_creates_no_workdir_for_a_job_it_refuses(tmp_path):
     refused(run("antdt_tf.launch", f"--workdir={a_file}"), exitcodes.BAD_INPUT,
             "exists and is not a directory")
     assert a_file.read_text() == "mine\n"
+    # under the workdir the launcher creates, a report's directory need not exist yet —
+    # unless something in the way is not a directory
+    refused(run("antdt_tf.launch", f"--workdir={tmp_path}/w", f"--report_json={a_file}/r.json"),
+            exitcodes.BAD_INPUT, "is not a directory")
+    refused(run("antdt_tf.launch", f"--workdir={a_file}/w", f"--report_json={a_file}/w/r.json"),
+            exitcodes.BAD_INPUT, "exists and is not a directory|is not a directory")
+    assert not (tmp_path / "w").exists() and a_file.read_text() == "mine\n"
+
+
+def test_launch_dry_run_accepts_a_report_in_the_workdir_and_writes_nothing(tmp_path):
+    """`make demo`'s own flags (--report_json inside the --workdir it creates): --dry_run
+    says what would run and creates nothing, not even the workdir."""
+    res = run("antdt_tf.launch", "--dry_run", f"--workdir={tmp_path}/.demo",
+              f"--report_json={tmp_path}/.demo/sub/report.json", "--num_ps=2",
+              "--num_workers=3", "--inject=slow:worker:2:x3@0s-15s", "--audit")
+    assert res.returncode == 0, res.stderr
+    assert "the job is valid" in res.stdout
+    tasks = [line.split()[0] for line in res.stdout.splitlines() if line.startswith("    ")]
+    assert tasks == ["ps:0", "ps:1", "worker:0", "worker:1", "worker:2", "coordinator"]
+    assert f"{tmp_path}/.demo/sub/report.json" in res.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_file_problem_under_a_directory_the_binary_creates(tmp_path):
+    job = tmp_path / "job"
+    assert exitcodes.output_file_problem(str(job / "r.json"), "--r", created_dir=str(job)) == ""
+    assert exitcodes.output_file_problem(str(job / "a" / "r.json"), "--r",
+                                         created_dir=str(job)) == ""
+    assert "does not exist" in exitcodes.output_file_problem(str(job / "r.json"), "--r")
+    assert "does not exist" in exitcodes.output_file_problem(     # beside it, not under it
+        str(tmp_path / "jobX" / "r.json"), "--r", created_dir=str(job))
+    (tmp_path / "f").write_text("")
+    assert "is not a directory" in exitcodes.output_file_problem(
+        str(tmp_path / "f" / "r.json"), "--r", created_dir=str(tmp_path / "f"))
 
 
 @pytest.mark.parametrize("module,args,words", [
