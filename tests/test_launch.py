@@ -54,6 +54,16 @@ def test_ps_kill_relaunches_the_coordinator_from_the_checkpoint(tmp_path):
     assert report["restarts"]["chief:0"] >= 1          # it exited 75 and was relaunched
     assert report["coordinator"]["restored_from"]       # ... and restored a checkpoint
     assert any("slow ps:0 x2" in ev["event"] for ev in report["events"])
+    check_recovery_times(report, "ps:0")
+
+
+def check_recovery_times(report, task):
+    """The failure's two recovery times: training again first, the lost work regained
+    (past the count at the failure, after re-training from the checkpoint) later."""
+    ev = next(ev for ev in report["failures"] if ev["task"] == task)
+    assert ev["training_again_after_s"] > 0, ev
+    if "regained_after_s" in ev:        # absent only when the job ended first
+        assert ev["training_again_after_s"] <= ev["regained_after_s"], ev
 
 
 def test_coordinator_kill_is_relaunched_and_resumes(tmp_path):
@@ -61,3 +71,4 @@ def test_coordinator_kill_is_relaunched_and_resumes(tmp_path):
     check_complete(report, kills=1)
     assert report["restarts"] == {"chief:0": 1}
     assert report["coordinator"]["restored_from"]
+    check_recovery_times(report, "coordinator")

@@ -25,6 +25,7 @@ from antdt_tf.agent.inject import Injection
 from antdt_tf.errors import AntdtError, InvalidRequest
 from antdt_tf.launcher.config import (EXIT_CLUSTER_UNAVAILABLE, JobConfig, place,
                                       skips_refused_leases)
+from antdt_tf.launcher.faults import FaultClock
 from antdt_tf.launcher.progress import ProgressLine
 from antdt_tf.launcher.report import health_dict
 from antdt_tf.launcher.taskspecs import TaskContext, task_args
@@ -70,7 +71,7 @@ class JobRunner:
         # restarts decided (and counted) whose launch may not have happened yet: the
         # generation each will launch; a resumed runner launches what is missing
         self.restarting: dict[tuple[str, int], int] = {}
-        self.pending_faults: list[dict] = []  # failures waiting for training to resume
+        self.pending_faults: list = []     # FaultClock of failures not yet regained
         self.coordinator_report_path = cfg.workdir / "coordinator_report.json"
         self._progress: Optional[ProgressLine] = None
         from antdt_tf.controller import CostModel, load_policy
@@ -345,9 +346,9 @@ class JobRunner:
                 records = progress.update()
                 if self.finished_at is None and progress.finished:
                     self.finished_at = time.monotonic()
-                for fault in [f for f in self.pending_faults if records > f["records_before"]]:
-                    fault["resumed_after_s"] = round(time.monotonic() - self.t0 - fault["t"], 2)
-                    self.pending_faults.remove(fault)
+                now = time.monotonic()
+                self.pending_faults = [f for f in self.pending_faults
+                                       if not f.observe(now, records)]
                 if (self.train_t0 is not None and not progress.finished
                         and time.monotonic() - last_decided >= cfg.controller_interval_seconds):
                     last_decided = time.monotonic()
@@ -719,8 +720,7 @@ class JobRunner:
         self.restarting[key] = self.issued.get(key, 0) + 1
         ev = self._event(f"{name} {how}; restarting it (restart {n})", task=name,
                          failure=how)
-        ev["records_before"] = self._records_done()
-        self.pending_faults.append(ev)
+        self.pending_faults.append(FaultClock(ev, time.monotonic(), self._records_done()))
         if job == "worker":
             self._release_leases_of(index)
         if self.placement[key] not in self.live_hosts():
@@ -730,6 +730,10 @@ class JobRunner:
         address = self.spec[job][index] if job in self.spec else ""
         self.start_task(job, index)
         self.restarting.pop(key, None)
+        if job == "chief":
+            records = self._records_done()
+            for fault in self.pending_faults:
+                fault.chief_started(records)
         if (job == "worker" and index < self.active_workers and not self.cfg.tf1
                 and self.spec[job][index] != address):
             # TF re-joins a worker only at its old address: the chief comes back with
@@ -800,8 +804,8 @@ class JobRunner:
             self.train_started_unix = final.started_unix
         coord = json.loads(self.coordinator_report_path.read_text())
         total = self.num_records * cfg.epochs
-        for ev in self.events:
-            ev.pop("records_before", None)
+        for fault in self.pending_faults:
+            fault.close()
         import psutil
 
         cpu = {}   # CPU seconds of every process of the job (latest incarnation of each task)
@@ -892,7 +896,7 @@ class JobRunner:
         """What a runner of this job needs to carry on after a master restart (JSON)."""
         return {"restarts": [[j, i, n] for (j, i), n in self.restarts.items()],
                 "restarting": [[j, i, g] for (j, i), g in self.restarting.items()],
-                "events": [{k: v for k, v in e.items() if k != "records_before"}
+                "events": [dict(e)
                            for e in self.events],
                 "actions": [a.report() for a in self.actions if not a.pending],
                 "active_workers": self.active_workers,

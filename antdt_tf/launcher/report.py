@@ -37,10 +37,12 @@ def summary_table(report: dict) -> str:
         lines.append(f"backup workers: {report['backup_leases']} speculative duplicate(s) of "
                      "slow workers' lease remainders (first finisher wins)")
     for ev in report["failures"]:
-        resumed = ev.get("resumed_after_s")
+        again, regained = ev.get("training_again_after_s"), ev.get("regained_after_s")
         lines.append(f"failure at {ev['t']:.1f}s: {ev['event']}"
-                     + (f" — training resumed {resumed:.1f}s later" if resumed is not None
-                        else ""))
+                     + (f" — training again {again:.1f}s later" if again is not None
+                        else "")
+                     + (f", lost work regained after {regained:.1f}s" if regained is not None
+                        and regained != again else ""))
     for act in report.get("actions", []):
         after = act.get("recovered_after_s")
         if act["action"] == "ScaleWorkers":
