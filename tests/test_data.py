@@ -196,3 +196,30 @@ def test_data_cli_generate_convert_inspect_and_errors(tmp_path):
     assert res.returncode == 2 and "cannot read" in res.stderr
     res = run("--mode=generate")
     assert res.returncode != 0 and "--output is required" in res.stderr
+
+
+def test_data_cli_generates_a_held_out_part_of_the_same_dataset(tmp_path):
+    """--eval_records: the records after --records of one dataset (one hidden model),
+    the split the launcher's generated jobs use; bad combinations write nothing."""
+    from antdt_tf.data import criteo
+
+    train, held = tmp_path / "t.adtr", tmp_path / "e.adtr"
+    run = lambda *a: subprocess.run([DATA_BIN, *a], capture_output=True, text=True)  # noqa: E731
+    res = run("--mode=generate", "--records=3000", "--eval_records=700", "--seed=3",
+              f"--output={train}", f"--eval_output={held}")
+    assert res.returncode == 0 and "wrote 700 held-out records" in res.stdout, res.stderr
+    whole = list(criteo.generate(criteo.SyntheticSpec(3700, seed=3)))
+    labels = np.concatenate([b.label for b in whole])
+    sparse = np.concatenate([b.sparse for b in whole])
+    t, e = records.RecordFile(train), records.RecordFile(held)
+    assert (t.num_records, e.num_records) == (3000, 700)
+    assert (t.read(0, 3000).label == labels[:3000]).all()
+    assert (e.read(0, 700).label == labels[3000:]).all()
+    assert (e.read(0, 700).sparse == sparse[3000:]).all()
+    for flags, words in ((["--eval_records=10"], "go together"),
+                         ([f"--eval_output={tmp_path / 'x.adtr'}"], "go together"),
+                         (["--eval_records=10", f"--eval_output={tmp_path / 'o.adtr'}"],
+                          "same file")):
+        res = run("--mode=generate", f"--output={tmp_path / 'o.adtr'}", *flags)
+        assert res.returncode == 2 and words in res.stderr, res.stderr
+    assert not (tmp_path / "o.adtr").exists() and not (tmp_path / "x.adtr").exists()

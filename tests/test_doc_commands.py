@@ -39,7 +39,7 @@ MAPPED_ROOTS = ("/shared", "/etc/antdt", "/var/lib/antdt")
 # commands of other tools: the docs show them, they are not ours to parse
 FOREIGN = ("kubectl", "ray", "openssl", "bazel", "ip", "docker", "helm", "pip", "umask",
            "(umask", "export", "chmod", "cd", "mkdir", "cat", "echo", "ls", "rm", "cp", "ln",
-           "mv", "sudo", "systemctl", "curl", "nft")
+           "mv", "sudo", "systemctl", "curl", "nft", "head", "tail", "wc", "tee", "sort")
 PLACEHOLDER = re.compile(r"\.\.\.|…|\*|<[^>]*>|\[--|\|")
 INLINE = re.compile(r"`((?:make |antdt-[a-z-]+ |(?:\.venv/bin/)?python3? -m )[^`]*)`")
 

@@ -2,12 +2,15 @@
 
 Usage::
 
-    antdt-data --mode=generate --records=200000 --seed=0 --output=train.adtr [--tsv=train.tsv]
+    antdt-data --mode=generate --records=200000 --seed=0 --output=train.adtr
+    antdt-data --mode=generate --records=200000 --eval_records=20000 --output=train.adtr \
+        --eval_output=eval.adtr --tsv=train.tsv
     antdt-data --mode=convert --input=day_0.tsv --output=day_0.adtr
     antdt-data --mode=inspect --input=train.adtr
 
 ``generate`` writes synthetic Criteo-format data with learnable signal (optionally also
-as TSV); ``convert`` turns real Criteo TSV into the compact format; ``inspect`` validates
+as TSV, and held-out records of the same dataset for an AUC: another ``--seed`` would be
+another dataset); ``convert`` turns real Criteo TSV into the compact format; ``inspect`` validates
 a record file and prints its header and first records.
 
 Exit code 2 on bad data or bad flags, with one line saying what is wrong; an output is
@@ -34,7 +37,11 @@ flags.DEFINE_string("input", "", "convert: Criteo TSV file; inspect: record file
 flags.DEFINE_string("output", "", "Record file to write (generate, convert).")
 flags.DEFINE_string("tsv", "", "generate: also write the data as Criteo TSV here.")
 flags.DEFINE_integer("records", 200_000, "generate: number of records.")
-flags.DEFINE_integer("seed", 0, "generate: seed (same seed, same bytes).")
+flags.DEFINE_integer("seed", 0, "generate: seed (same seed, same bytes; another seed is "
+                     "another dataset: another hidden model).")
+flags.DEFINE_integer("eval_records", 0, "generate: also write this many held-out records of "
+                     "the same dataset (the records after --records) to --eval_output.")
+flags.DEFINE_string("eval_output", "", "generate: record file of the --eval_records.")
 
 
 def _progress(batches, total, desc):
@@ -73,12 +80,25 @@ def main(argv):
             _check_output(FLAGS.output, "", FLAGS.tsv)
             if FLAGS.tsv and (problem := exitcodes.output_file_problem(FLAGS.tsv, "--tsv")):
                 raise app.UsageError(problem)
-            spec = criteo.SyntheticSpec(FLAGS.records, seed=FLAGS.seed)
+            if FLAGS.records < 1 or FLAGS.eval_records < 0:
+                raise app.UsageError("--records must be >= 1 and --eval_records >= 0")
+            if bool(FLAGS.eval_records) != bool(FLAGS.eval_output):
+                raise app.UsageError("--eval_records and --eval_output go together")
+            if FLAGS.eval_output:
+                _check_output(FLAGS.eval_output, "", FLAGS.tsv)
+                if _same_file(FLAGS.eval_output, FLAGS.output):
+                    raise app.UsageError("--eval_output is the same file as --output")
+            # one dataset (one hidden model): the held-out records follow the training ones
+            spec = criteo.SyntheticSpec(FLAGS.records + FLAGS.eval_records, seed=FLAGS.seed)
             n = records.write_records(FLAGS.output, _progress(
-                criteo.generate(spec), spec.num_records, "generate"))
+                criteo.records_between(spec, 0, FLAGS.records), FLAGS.records, "generate"))
             if FLAGS.tsv:
-                criteo.write_tsv(FLAGS.tsv, criteo.generate(spec))
+                criteo.write_tsv(FLAGS.tsv, criteo.records_between(spec, 0, FLAGS.records))
             print(f"wrote {n} records to {FLAGS.output}")
+            if FLAGS.eval_output:
+                n = records.write_records(FLAGS.eval_output, criteo.records_between(
+                    spec, FLAGS.records, spec.num_records))
+                print(f"wrote {n} held-out records to {FLAGS.eval_output}")
         elif FLAGS.mode == "convert":
             if not FLAGS.input or not FLAGS.output:
                 raise app.UsageError("--input and --output are required for --mode=convert")

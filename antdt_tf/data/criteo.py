@@ -111,6 +111,19 @@ def generate(spec: SyntheticSpec, block: int = 65_536) -> Iterator[Batch]:
         yield Batch(label, dense, sparse, p.astype(np.float32))
 
 
+def records_between(spec: SyntheticSpec, lo: int, hi: int) -> Iterator[Batch]:
+    """Records ``lo`` to ``hi`` of the dataset, in blocks: a training part and a
+    held-out part of one dataset (one hidden model) without holding it all."""
+    first = 0
+    for b in generate(spec):
+        a, z = max(lo - first, 0), min(hi - first, len(b))
+        if a < z:
+            yield Batch(b.label[a:z], b.dense[a:z], b.sparse[a:z])
+        first += len(b)
+        if first >= hi:
+            return
+
+
 def write_tsv(path: str | os.PathLike, batches) -> int:
     """Writes batches as Criteo TSV. Returns the number of records."""
     count = 0

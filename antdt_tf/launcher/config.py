@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pathlib
 
@@ -108,14 +109,7 @@ def generate_data(workdir: pathlib.Path, train: int, held_out: int, seed: int):
     data_dir = workdir / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     spec = criteo.SyntheticSpec(train + held_out, seed=seed)
-
-    def part(lo: int, hi: int):
-        first = 0
-        for b in criteo.generate(spec):
-            a, z = max(lo - first, 0), min(hi - first, len(b))
-            if a < z:
-                yield criteo.Batch(b.label[a:z], b.dense[a:z], b.sparse[a:z])
-            first += len(b)
+    part = functools.partial(criteo.records_between, spec)
 
     paths = data_dir / "train.adtr", data_dir / "eval.adtr"
     records.write_records(paths[0], part(0, train))
