@@ -11,7 +11,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHECK = ROOT / "tools" / "check_report.py"
 EXACT = {"records": 1000, "epochs": 1, "jct_seconds": 2.5, "auc": 0.7,
-         "records_per_worker": {"worker:0": 600, "worker:1": 400},
+         "records_per_worker": [600, 400],
          "audit": {"applied_0": 0, "applied_1": 1000, "applied_2plus": 0,
                    "expected_times": 1, "applied_expected": 1000, "applied_other": 0,
                    "allowed_off_records": 0, "ok": True}}
@@ -42,7 +42,8 @@ def _with(**changes):
     (_with(applied_expected=998, applied_0=2), "998 of 1,000 records applied exactly 1x"),
     (_with(applied_expected=999, applied_2plus=1), "2\\+x: 1"),
     (_with(ok=False), "audit.ok is false"),
-    (_with(records_per_worker={"worker:0": 600, "worker:1": 300}), "add up to 900"),
+    (_with(records_per_worker=[600, 300]), "add up to 900"),
+    (_with(records_per_worker={"worker:0": 1000}), "not a list per worker"),
     (_with(jct_seconds=0), "jct_seconds"),
     (_with(auc=0.49), "no better than chance"),
     ({k: v for k, v in EXACT.items() if k != "audit"}, "has no audit"),

@@ -39,10 +39,11 @@ def problems(report: dict, exact: bool = True) -> list[str]:
                    f"{audit.get('applied_2plus', '?')})")
     elif off > audit.get("allowed_off_records", 0):
         out.append(f"{off:,} records off, {audit.get('allowed_off_records', 0):,} allowed")
-    per_worker = report.get("records_per_worker")
-    if isinstance(per_worker, dict) and sum(per_worker.values()) != expected:
-        out.append(f"records_per_worker add up to {sum(per_worker.values()):,}, not "
-                   f"{expected:,}")
+    per_worker = report.get("records_per_worker")     # [records of worker 0, 1, ...]
+    if not isinstance(per_worker, list) or not per_worker:
+        out.append(f"records_per_worker is {per_worker!r}, not a list per worker")
+    elif sum(per_worker) != expected:
+        out.append(f"records_per_worker add up to {sum(per_worker):,}, not {expected:,}")
     if not report.get("jct_seconds", 0) > 0:
         out.append(f"jct_seconds is {report.get('jct_seconds')!r}")
     auc = report.get("auc")
