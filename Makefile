@@ -76,51 +76,60 @@ example-estimator: $(STAMP) $(TF215_STAMP)
 demo-sharding: $(STAMP)
 	$(VENV)/bin/antdt-sharding-demo
 
-bench: $(STAMP)
-	$(PY) -m benchmarks.sharding_bench --out benchmarks/results/sharding.md
+# Benchmarks: each writes its results table into $(RESULTS); BENCH_ARGS is appended to
+# its command. A smoke run (smallest size, one round; not a measurement), without
+# touching the checked-in results: make bench-X RESULTS=/tmp/x BENCH_ARGS=--smoke
+RESULTS ?= benchmarks/results
+BENCH_ARGS ?=
 
-# Vanilla TF2 PSS vs TF1 static sharding vs antdt-tf, with and without a 4x straggler
-# (1 PS + 3 workers each, real processes; a few minutes per round).
+# The sharding service alone: GetShard+ReportShard pairs/s and latency, plan memory.
+bench: $(STAMP)
+	$(PY) -m benchmarks.sharding_bench --out $(RESULTS)/sharding.md $(BENCH_ARGS)
+
+# The fixed cost per shard of the two PSS data paths: 512 vs 8,192 records per shard
+# (1 PS + 2 workers, 4 jobs per round).
 bench-shard-cost: $(STAMP)
-	$(PY) -m benchmarks.pss_shard_cost --rounds=3 --out benchmarks/results/pss_shard_cost.md
+	$(PY) -m benchmarks.pss_shard_cost --rounds=3 --out $(RESULTS)/pss_shard_cost.md $(BENCH_ARGS)
 
 # Straggler scenarios x policies (static, dynamic, AntDT-ND, AntDT-DD) with timeline PNGs
 # (16 whole jobs; about 15 minutes here).
 bench-scenarios: $(STAMP)
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
-	$(PY) -m benchmarks.scenarios --out benchmarks/results/scenarios.md
+	$(PY) -m benchmarks.scenarios --out $(RESULTS)/scenarios.md $(BENCH_ARGS)
 
 # The TF-native peer: PSS fed by the tf.data service (DYNAMIC) vs antdt-tf, with and
 # without a 4x straggler (4 whole jobs; a few minutes here).
 bench-peer: $(STAMP)
-	$(PY) -m benchmarks.dataservice_peer --out benchmarks/results/dataservice_peer.md
+	$(PY) -m benchmarks.dataservice_peer --out $(RESULTS)/dataservice_peer.md $(BENCH_ARGS)
 
 # Jobs across three network-namespace hosts (needs root): host loss, move cost, and
-# scenario 2 on the agents backend beside the local one (6 whole jobs; a few minutes).
+# scenario 2 on the agents backend beside the local one (7 whole jobs; a few minutes).
 bench-multihost: $(STAMP)
-	$(PY) -m benchmarks.multihost --out benchmarks/results/multihost.md
+	$(PY) -m benchmarks.multihost --out $(RESULTS)/multihost.md $(BENCH_ARGS)
 
 # Jobs on a three-node Ray cluster on this machine: node loss -> training again, and
 # scenario 2 on the Ray backend beside the local one (5 whole jobs; a few minutes).
 bench-ray: $(STAMP)
-	$(PY) -m benchmarks.ray_backend --out benchmarks/results/ray.md
+	$(PY) -m benchmarks.ray_backend --out $(RESULTS)/ray.md $(BENCH_ARGS)
 
+# Vanilla TF2 PSS vs TF1 static sharding vs antdt-tf, with and without a 4x straggler
+# (1 PS + 3 workers each, real processes; a few minutes per round).
 bench-compare: $(STAMP)
-	$(PY) -m benchmarks.compare_pss --rounds=5 --setups=abcs --out benchmarks/results/compare_pss.md
+	$(PY) -m benchmarks.compare_pss --rounds=5 --setups=abcs --out $(RESULTS)/compare_pss.md $(BENCH_ARGS)
 
 bench-step-cost: $(STAMP)
-	$(PY) -m benchmarks.step_cost --rounds=24 --out benchmarks/results/step_cost.md
+	$(PY) -m benchmarks.step_cost --rounds=24 --out $(RESULTS)/step_cost.md $(BENCH_ARGS)
 
 bench-keras-step-cost: $(STAMP)
-	$(PY) -m benchmarks.keras_step_cost --rounds=16 --out benchmarks/results/keras_step_cost.md
+	$(PY) -m benchmarks.keras_step_cost --rounds=16 --out $(RESULTS)/keras_step_cost.md $(BENCH_ARGS)
 
 # One TF1 worker's step part by part, runs interleaved (a few minutes)
 bench-tf1-step-cost: $(STAMP)
-	$(PY) -m benchmarks.tf1_step_cost --rounds=6 --steps=400 --out benchmarks/results/tf1_step_cost.md
+	$(PY) -m benchmarks.tf1_step_cost --rounds=6 --steps=400 --out $(RESULTS)/tf1_step_cost.md $(BENCH_ARGS)
 
 # The training APIs against their bare platforms: Keras (v/k), TF1 (b/t/m)
 bench-apis: $(STAMP)
-	$(PY) -m benchmarks.compare_pss --rounds=3 --setups=vkbtm --out benchmarks/results/compare_pss_apis.md
+	$(PY) -m benchmarks.compare_pss --rounds=3 --setups=vkbtm --out $(RESULTS)/compare_pss_apis.md $(BENCH_ARGS)
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor
 # fails. docs/cli.md is generated from the flags: python tools/gen_cli_reference.py

@@ -2,8 +2,12 @@
 
 Usage::
 
-    python -m benchmarks.compare_pss [--rounds=3] [--records=120000]
-        [--out=benchmarks/results/compare_pss.md]
+    python -m benchmarks.compare_pss [--rounds=3] [--records=120000] [--setups=abc]
+        [--out=benchmarks/results/compare_pss.md] [--smoke]
+
+``--smoke``: the given setups, one round, no warm-up run, with the straggler only (its
+throttle or injection runs; the no-straggler runs add no code path), on 24,576 records:
+checks that the benchmark runs; not a measurement.
 
 Every setup trains ``antdt_tf.models.deepfm.DeepFM``'s math (hashed embeddings with
 ``--buckets`` buckets, FM + dense tower, plain SGD, ``--learning_rate``) on the SAME
@@ -805,7 +809,10 @@ def _tf1_step_spans(job: pathlib.Path, chief: dict) -> list:
 
 
 # the run's flags a results file's reproduce line names when they differ from these
-REPRODUCE_DEFAULTS = {"batch_size": 256, "records_per_shard": 2048, "stragglers": "both"}
+REPRODUCE_DEFAULTS = {"batch_size": 256, "records_per_shard": 2048, "stragglers": "both",
+                      "warmup": 1}
+# --smoke: every setup asked for, once, with the straggler, on few records
+SMOKE = {"rounds": 1, "warmup": 0, "records": 24_576, "stragglers": "only"}
 
 SETUPS = {"a": ("(a) vanilla TF2 PSS", run_vanilla),
           "b": ("(b) TF1 static thirds", run_tf1),
@@ -993,13 +1000,13 @@ def write_results(args, results: dict, started: str) -> None:
         "",
         f"Reproduce: `{cmd}`" + (f" (or `make {target}`)." if target else "."),
     ]
-    write_table(args.out, lines)
+    write_table(args.out, lines, smoke=args.smoke)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1, choices=(0, 1),
+    ap.add_argument("--warmup", type=int, default=REPRODUCE_DEFAULTS["warmup"], choices=(0, 1),
                     help="1: one uncounted run of the first setup before the rounds")
     ap.add_argument("--records", type=int, default=120_000)
     ap.add_argument("--batch_size", type=int, default=REPRODUCE_DEFAULTS["batch_size"])
@@ -1030,7 +1037,9 @@ def main():
     ap.add_argument("--index", type=int, default=0)
     ap.add_argument("--sync_dir", default="")
     ap.add_argument("--result", default="")
-    args = ap.parse_args()
+    from benchmarks.results_table import argparse_smoke
+
+    args = argparse_smoke(ap, SMOKE)
     if args.role == "vanilla_chief":
         return vanilla_chief(args)
     if args.role == "tf1_worker":

@@ -5,6 +5,9 @@ SIGSTOP/SIGCONT duty cycling. Writes a results table; not a test.
 
     python -m benchmarks.dataservice_peer --records=100000 --out=benchmarks/results/dataservice_peer.md
 
+``--smoke``: the straggler row only (both jobs, the throttle and the injection) on 20,000
+records: checks that the benchmark runs; not a measurement.
+
 The peer gets what TensorFlow ships: its own dispatcher and three tf.data service
 workers (separate processes: reading and decoding run there), one shared ``job_name``
 (without it every PSS worker gets a job of its own and every record is trained three
@@ -30,6 +33,8 @@ import time
 
 from absl import app, flags
 
+from benchmarks.results_table import absl_smoke, smoke_argv, write_table
+
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("role", "bench", ["bench", "peer", "dispatcher", "dsworker", "throttle"],
                   "This process's role (the orchestrator starts the others).")
@@ -45,6 +50,8 @@ flags.DEFINE_float("delay", 0.0, "internal (throttle): start after this many sec
 flags.DEFINE_float("duration", 0.0, "internal (throttle): stop after this many seconds "
                    "(0: until stopped).")
 flags.DEFINE_string("out", "benchmarks/results/dataservice_peer.md", "Results table.")
+flags.DEFINE_enum("stragglers", "both", ["both", "none", "only"], "Rows: without the "
+                  "straggler, with it, or both.")
 flags.DEFINE_string("workdir", "", "Scratch directory (default: a temp dir).")
 # internal (set by the orchestrator / the peer's chief)
 flags.DEFINE_string("data", "", "internal: the .adtr file.")
@@ -52,6 +59,10 @@ flags.DEFINE_string("json", "", "internal: where the peer writes its result.")
 flags.DEFINE_integer("port", 0, "internal: this server's port.")
 flags.DEFINE_integer("dispatcher_port", 0, "internal: the dispatcher's port.")
 flags.DEFINE_integer("pid", 0, "internal: the process to throttle.")
+
+# --smoke: the straggler row (a peer job and an antdt-tf job) on few records
+SMOKE = {"records": 20_000, "stragglers": "only"}
+absl_smoke(flags, SMOKE)
 
 HOST = "127.0.0.1"
 
@@ -266,7 +277,9 @@ def bench() -> None:
     work.mkdir(parents=True, exist_ok=True)
     records.write_records(data, criteo.generate(criteo.SyntheticSpec(FLAGS.records, seed=3)))
     rows = []
-    for slow in (1.0, FLAGS.slow_factor):
+    slows = {"both": (1.0, FLAGS.slow_factor), "none": (1.0,),
+             "only": (FLAGS.slow_factor,)}[FLAGS.stragglers]
+    for slow in slows:
         label = "none" if slow == 1 else f"worker 0 x{slow:g}"
         peer = peer_job(work / f"peer-{slow:g}", str(data), slow)
         ours = antdt_job(work / f"antdt-{slow:g}", str(data), slow)
@@ -287,9 +300,7 @@ def bench() -> None:
     lines += ["", "JCT: training time. peer: first batch applied -> last batch applied "
               "(worker clocks; tracing and starting the service job not counted); "
               "antdt-tf: first shard leased -> every record applied (the master's clock)."]
-    pathlib.Path(FLAGS.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(FLAGS.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(FLAGS.out, lines, smoke=FLAGS.smoke)
 
 
 def main(argv):
@@ -299,4 +310,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, argv=smoke_argv(sys.argv, SMOKE))

@@ -4,6 +4,10 @@ per process), beside the same step without antdt-tf.
 Usage::
 
     python -m benchmarks.keras_step_cost [--rounds=16] [--out=benchmarks/results/keras_step_cost.md]
+        [--smoke]
+
+``--smoke``: one closure per variant, no warm-up closures (tracing is in the measured
+one): checks that the benchmark runs; not a measurement.
 
 One real job on this machine: a master (``antdt_tf.master``), 1 PS and 1 worker
 (``antdt-tf-server``) and this process as the chief, the Keras DeepFM (SGD, binary
@@ -43,11 +47,15 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"   # before TensorFlow: tf.keras = tf-ker
 
 PARTS = ("worker", "ps", "master", "chief")
 VARIANTS = ("local", "pulled", "antdt", "audit")
+# --smoke: every variant, one closure each, no warm-up
+SMOKE = {"rounds": 1, "warmup": 0}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=16, help="closures per variant")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="unmeasured closures per variant first (tracing, first run)")
     ap.add_argument("--batch_size", type=int, default=256)
     ap.add_argument("--steps_per_execution", type=int, default=16)
     ap.add_argument("--buckets", type=int, default=1 << 16)
@@ -55,7 +63,9 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated subset of " + ", ".join(VARIANTS))
     ap.add_argument("--out", default="benchmarks/results/keras_step_cost.md")
-    args = ap.parse_args()
+    from benchmarks.results_table import argparse_smoke
+
+    args = argparse_smoke(ap, SMOKE)
     args.variants = tuple(v for v in VARIANTS if v in args.variants.split(","))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -68,8 +78,8 @@ def main() -> None:
     from antdt_tf.tf.local_cluster import LocalCluster
 
     per_closure = args.steps_per_execution * args.batch_size
-    # every pulling variant's closures plus two warm-up closures each, and shards to spare
-    num_records = (args.rounds + 2) * 3 * per_closure + 8 * args.records_per_shard
+    # every pulling variant's closures plus its warm-up closures, and shards to spare
+    num_records = (args.rounds + args.warmup) * 3 * per_closure + 8 * args.records_per_shard
     work = pathlib.Path(tempfile.mkdtemp(prefix="antdt-keras-step-cost-"))
     data = str(work / "train.adtr")
     records.write_records(data, criteo.generate(criteo.SyntheticSpec(num_records, seed=1)))
@@ -157,7 +167,7 @@ def _measure(args, address, data, num_records, cluster, master, psutil) -> dict:
                 audit_records=num_records if name == "audit" else 0).attach(model)
         model.train_function = None
         fns[name] = model.make_train_function(force=True)
-        for _ in range(2):
+        for _ in range(args.warmup):
             run(name)
     model.train_step = own_step
     rows = {name: [] for name in args.variants}
@@ -173,7 +183,7 @@ def _measure(args, address, data, num_records, cluster, master, psutil) -> dict:
 
 
 def _write(args, rows: dict, num_records: int) -> None:
-    from benchmarks.results_table import per_step_stats
+    from benchmarks.results_table import per_step_stats, write_table
 
     mean, total, stderr = per_step_stats(rows, PARTS, args.steps_per_execution)
 
@@ -204,12 +214,10 @@ def _write(args, rows: dict, num_records: int) -> None:
                      f"{mean('antdt', 'wall') / mean('local', 'wall'):.2f}x the wall time per step")
     lines += ["", f"Reproduce: `python -m benchmarks.keras_step_cost --rounds={args.rounds} "
               f"--steps_per_execution={args.steps_per_execution} "
-              f"--variants={','.join(args.variants)} --out={args.out}`; "
+              + (f"--warmup={args.warmup} " if args.warmup != 2 else "")
+              + f"--variants={','.join(args.variants)} --out={args.out}`; "
               f"{num_records:,} generated records."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(text)
+    write_table(args.out, lines, smoke=args.smoke)
 
 
 if __name__ == "__main__":

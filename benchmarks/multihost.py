@@ -4,7 +4,11 @@ the agents backend beside the local one, in one run.
 Usage (as root: the hosts are network namespaces)::
 
     python -m benchmarks.multihost [--records=600000] [--loss_records=600000]
-        [--move_records=1200000] [--out=benchmarks/results/multihost.md]
+        [--move_records=1200000] [--backends=local,agents]
+        [--out=benchmarks/results/multihost.md] [--smoke]
+
+``--smoke``: the agents backend only (host loss, scenario 2's two policies, a move: four
+jobs) on few records: checks that the benchmark runs; not a measurement.
 
 Hosts: three network namespaces with their own addresses in 198.18.0.0/24 (our own test
 hosts, ``tests/netns.py``), an ``antdt-agent`` on each registered with a master on the
@@ -46,6 +50,7 @@ import netns  # noqa: E402  (the namespace hosts the tests use)
 from benchmarks.jobs import (MONITOR, SCENARIO2, launch, report,  # noqa: E402
                             recovery_rows, scenario2_table, time_to_resume,
                             wait_for_records)
+from benchmarks.results_table import absl_smoke, smoke_argv, write_table  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("records", 600_000, "Training records of the scenario-2 jobs.")
@@ -53,6 +58,15 @@ flags.DEFINE_integer("loss_records", 600_000, "Training records of the host-loss
 flags.DEFINE_integer("move_records", 1_200_000, "Training records of the move jobs (long "
                      "enough for the moved worker to train again before the end).")
 flags.DEFINE_string("out", "benchmarks/results/multihost.md", "Results table (markdown).")
+flags.DEFINE_list("backends", ["local", "agents"], "Backends of the scenario-2 and move "
+                  "jobs, of local and agents (the host loss runs on agents).")
+flags.register_validator("backends", lambda v: set(v) <= {"local", "agents"},
+                         "--backends: local and/or agents")
+# --smoke: every job kind on the agents backend, short jobs (the host loss long enough to
+# kill a host a third of the way through and train again)
+SMOKE = {"backends": "agents", "records": 20_000, "loss_records": 60_000,
+         "move_records": 20_000}
+absl_smoke(flags, SMOKE)
 
 def scenario2(tmp: pathlib.Path, data: str, backend: str, policy: str) -> dict:
     workdir = tmp / f"s2-{backend}-{policy}"
@@ -113,12 +127,12 @@ def main(argv):
     rows = {}
     loss = host_loss(tmp, data, FLAGS.loss_records)
     print(f"host loss: resumed after {loss['resumed_after_s']}", flush=True)
-    for backend in ("local", "agents"):
+    for backend in FLAGS.backends:
         for policy in ("static", "antdt-nd"):
             rows[backend, policy] = scenario2(tmp, data, backend, policy)
             print(backend, policy, rows[backend, policy]["jct_seconds"], flush=True)
 
-    moves = {backend: move(tmp, move_data, backend) for backend in ("local", "agents")}
+    moves = {backend: move(tmp, move_data, backend) for backend in FLAGS.backends}
     for backend, rep in moves.items():
         print("move", backend, rep["jct_seconds"], rep["actions"], flush=True)
 
@@ -136,7 +150,7 @@ def main(argv):
              "| kill -> the master counts new records | (not seen) |",
              *recovery_rows(loss), "",
              "## Scenario 2 (persistent worker straggler) per backend", ""]
-    lines += scenario2_table(rows, ("local", "agents"))
+    lines += scenario2_table(rows, FLAGS.backends)
     lines += ["", "## What a move costs", "",
               "| backend | action | start-up beside the old one (s) | old killed -> new trains (s) "
               "| JCT (s) | audit exact |", "|---|---|---|---|---|---|"]
@@ -150,11 +164,8 @@ def main(argv):
         lines.append(f"| {backend} | {what} | {a.get('standby_seconds', '-')} | "
                      f"{a.get('recovered_after_s', '-')} | {rep['jct_seconds']:.1f} | "
                      f"{'yes' if exact else 'NO'} |")
-    out = pathlib.Path(FLAGS.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(FLAGS.out, lines, smoke=FLAGS.smoke)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, argv=smoke_argv(sys.argv, SMOKE))

@@ -9,7 +9,10 @@ fixed cost per shard is the difference divided by the extra shards. This machine
 speed drifts, hence paired rounds and medians.
 
 Usage: python -m benchmarks.pss_shard_cost [--records=65536] [--rounds=3]
-       [--out=benchmarks/results/pss_shard_cost.md]
+       [--out=benchmarks/results/pss_shard_cost.md] [--smoke]
+
+``--smoke``: one round of the four runs on 16,384 records: checks that the benchmark
+runs; not a measurement.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import statistics
 import tempfile
 import time
 
-from benchmarks.results_table import write_table
+from benchmarks.results_table import argparse_smoke, write_table
 from antdt_tf.data import criteo, records
 from antdt_tf.sharding.client import ShardingClient
 from antdt_tf.sharding.plan import DataFile, DatasetSpec
@@ -28,6 +31,9 @@ from antdt_tf.master.server import BackgroundMaster
 from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState
 from antdt_tf.tf.local_cluster import LocalCluster, run_local_job
+
+# --smoke: one round of the four runs (both paths, both shard sizes) on few records
+SMOKE = {"records": 16_384, "rounds": 1}
 
 
 def one_run(work: pathlib.Path, data: pathlib.Path, num_records: int, rps: int, batch: int,
@@ -49,7 +55,7 @@ def main():
     ap.add_argument("--batch_size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/pss_shard_cost.md")
-    args = ap.parse_args()
+    args = argparse_smoke(ap, SMOKE)
     work = pathlib.Path(tempfile.mkdtemp(prefix="antdt-shardcost-"))
     data = work / "train.adtr"
     records.write_records(data, criteo.generate(criteo.SyntheticSpec(args.records, seed=1)))
@@ -82,7 +88,7 @@ def main():
         fixed = (med[p, 512] - med[p, 8192]) / extra
         lines.append(f"- {p}: fixed cost per extra shard {fixed * 1e3:.1f} ms of JCT "
                      f"(≈ {2 * fixed * 1e3:.1f} ms of worker time with 2 workers busy).")
-    write_table(args.out, lines)
+    write_table(args.out, lines, smoke=args.smoke)
 
 
 if __name__ == "__main__":

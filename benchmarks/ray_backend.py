@@ -4,7 +4,10 @@ backend beside the local one, in one run.
 Usage::
 
     python -m benchmarks.ray_backend [--records=600000] [--loss_records=600000]
-        [--out=benchmarks/results/ray.md]
+        [--backends=local,ray] [--out=benchmarks/results/ray.md] [--smoke]
+
+``--smoke``: the Ray backend only (node loss, scenario 2's two policies: three jobs) on
+few records: checks that the benchmark runs; not a measurement.
 
 Cluster: three Ray nodes on this machine, one raylet each (``ray.cluster_utils``, the
 tests' settings: 127.0.0.1, token authentication, no dashboard, a dead node declared
@@ -43,11 +46,20 @@ from absl import app, flags  # noqa: E402
 from benchmarks.jobs import (SCENARIO2, launch, report,  # noqa: E402
                             recovery_rows, scenario2_table, time_to_resume,
                             wait_for_records)
+from benchmarks.results_table import absl_smoke, smoke_argv, write_table  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("records", 600_000, "Training records of the scenario-2 jobs.")
 flags.DEFINE_integer("loss_records", 600_000, "Training records of the node-loss job.")
 flags.DEFINE_string("out", "benchmarks/results/ray.md", "Results table (markdown).")
+flags.DEFINE_list("backends", ["local", "ray"], "Backends of the scenario-2 jobs, of local "
+                  "and ray (the node loss runs on ray).")
+flags.register_validator("backends", lambda v: set(v) <= {"local", "ray"},
+                         "--backends: local and/or ray")
+# --smoke: every job kind on the Ray backend, short jobs (the node loss long enough to
+# remove a node a third of the way through and train again)
+SMOKE = {"backends": "ray", "records": 20_000, "loss_records": 60_000}
+absl_smoke(flags, SMOKE)
 
 def _master(workdir: pathlib.Path, proc) -> str:
     port = workdir / "master.port"
@@ -95,7 +107,7 @@ def main(argv):
     loss = node_loss(tmp, data, FLAGS.loss_records)
     print(f"node loss: resumed after {loss['resumed_after_s']}", flush=True)
     rows = {}
-    for backend in ("local", "ray"):
+    for backend in FLAGS.backends:
         for policy in ("static", "antdt-nd"):
             rows[backend, policy] = scenario2(tmp, data, backend, policy)
             print(backend, policy, rows[backend, policy]["jct_seconds"], flush=True)
@@ -118,12 +130,9 @@ def main(argv):
              f"| removal -> the master counts new records | {resumed} |",
              *recovery_rows(loss), "",
              "## Scenario 2 (persistent worker straggler) per backend", ""]
-    lines += scenario2_table(rows, ("local", "ray"))
-    out = pathlib.Path(FLAGS.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    lines += scenario2_table(rows, FLAGS.backends)
+    write_table(FLAGS.out, lines, smoke=FLAGS.smoke)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, argv=smoke_argv(sys.argv, SMOKE))

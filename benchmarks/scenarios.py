@@ -3,7 +3,12 @@
 Usage::
 
     python -m benchmarks.scenarios [--records=600000] [--scenarios=1,2,3,3bsp,4]
-        [--policies=static,dynamic,antdt-nd,antdt-dd] [--out=benchmarks/results/scenarios.md]
+        [--policies=static,dynamic,backup,antdt-nd,antdt-dd,tfdata-peer]
+        [--out=benchmarks/results/scenarios.md] [--smoke]
+
+``--smoke``: scenario 3 (slowed from the start) with ``static`` and ``antdt-nd`` on 20,000
+records (two short jobs, their timelines, the table): checks that the benchmark runs;
+not a measurement.
 
 Every run is a whole ``antdt-launch`` job (agents, master, PS, workers, coordinator: real
 processes on this machine) on the same generated record file, with the audit on, and a
@@ -53,6 +58,7 @@ import time
 from absl import app, flags
 
 from antdt_tf.launch import generate_data   # also defines --batch_size (used here too)
+from benchmarks.results_table import absl_smoke, smoke_argv, write_table
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("records", 600_000, "Training records (scenarios 1-3).")
@@ -64,6 +70,9 @@ flags.DEFINE_list("policies", ["static", "dynamic", "backup", "antdt-nd", "antdt
                                 "tfdata-peer"], "Policies (tfdata-peer: the tf.data service).")
 flags.DEFINE_integer("rounds", 1, "Repetitions of every (scenario, policy); medians.")
 flags.DEFINE_string("out", "benchmarks/results/scenarios.md", "Results table (markdown).")
+# --smoke: one scenario, two policies (the baseline and one that compares to it)
+SMOKE = {"scenarios": ["3"], "policies": ["static", "antdt-nd"], "records": 20_000}
+absl_smoke(flags, SMOKE)
 
 SCENARIOS = {
     "1": ("transient worker straggler (w2 x4, 3-9 s)", 1, ["slow:worker:2:x4@3s-9s"]),
@@ -204,7 +213,7 @@ def main(argv):
              f"{FLAGS.batch_size}, 3 workers; "
              f"{FLAGS.rounds} round(s), medians)", "",
              "Definitions: see the docstring of `benchmarks/scenarios.py`. Timelines: "
-             "`benchmarks/results/scenarios/s<scenario>-<policy>.png`.", "",
+             f"`{plots}/s<scenario>-<policy>.png`.", "",
              "| scenario | policy | JCT (s) | vs static | ideal JCT (s) | JCT / ideal | "
              "actions | audit: records applied 0x / 2+x |",
              "|---|---|---:|---:|---:|---:|---|---|"]
@@ -225,12 +234,14 @@ def main(argv):
                          f"{jct / base_jct:.2f} | {ideal_cols} | {acts} | "
                          f"{max(r['lost'] for r in rows):,} / "
                          f"{max(r['twice'] for r in rows):,}{'' if ok else ' FAILED'} |")
-    lines += ["", "Reproduce: `make bench-scenarios` (= `python -m benchmarks.scenarios "
-              f"--records={FLAGS.records} --ps_records={FLAGS.ps_records}`)."]
-    from benchmarks.results_table import write_table
-
-    write_table(str(out), lines)
+    if FLAGS.smoke:
+        lines += ["", "Reproduce: `make bench-scenarios BENCH_ARGS=--smoke` (= `python -m "
+                  "benchmarks.scenarios --smoke`)."]
+    else:
+        lines += ["", "Reproduce: `make bench-scenarios` (= `python -m benchmarks.scenarios "
+                  f"--records={FLAGS.records} --ps_records={FLAGS.ps_records}`)."]
+    write_table(str(out), lines, smoke=FLAGS.smoke)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, argv=smoke_argv(sys.argv, SMOKE))

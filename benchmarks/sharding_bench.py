@@ -15,7 +15,11 @@ for a master on its own host; the master's own CPU time per pair is reported too
 (1e6 / that = pairs/s one dedicated core could serve). Also measures the master's RSS growth and time to
 register a 1e6-shard (1e9-record) dataset.
 
-Usage: python -m benchmarks.sharding_bench [--seconds=5] [--out=benchmarks/results/sharding.md]
+Usage: python -m benchmarks.sharding_bench [--seconds=5] [--clients=1,8,64]
+       [--out=benchmarks/results/sharding.md] [--smoke]
+
+``--smoke``: 1 s per row and 8 clients only (every mode still runs): checks that the
+benchmark runs; not a measurement.
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ import time
 import grpc
 import psutil
 
-from benchmarks.results_table import write_table
+from benchmarks.results_table import argparse_smoke, write_table
 from antdt_tf.procutil import start_master
 from antdt_tf.proto import sharding_pb2 as pb
 from antdt_tf.proto import sharding_pb2_grpc as pb_grpc
 
 SHARD = pb.GetShardResponse.SHARD
+# --smoke: every mode, one client count, 1 s per row
+SMOKE = {"seconds": 1.0, "clients": "8"}
 
 
 async def _client_loop(stub, dataset, task, until, piggyback, latencies):
@@ -129,8 +135,10 @@ def measure(address, dataset, clients, seconds, mode, procs=1):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--clients", default="1,8,64", help="concurrent clients per row")
     ap.add_argument("--out", default="benchmarks/results/sharding.md")
-    args = ap.parse_args()
+    args = argparse_smoke(ap, SMOKE)
+    client_counts = [int(c) for c in args.clients.split(",")]
     work = pathlib.Path(tempfile.mkdtemp(prefix="antdt-bench-"))
     master, address = start_master(work, "--fsync=interval")
     try:
@@ -147,7 +155,7 @@ def main():
         rss1 = proc.memory_info().rss
         rows = []
         for mode in ("2 RPCs", "piggyback", "stream"):
-            for clients in (1, 8, 64):
+            for clients in client_counts:
                 cpu0 = proc.cpu_times()
                 r = measure(address, "big", clients, args.seconds, mode)
                 cpu1 = proc.cpu_times()
@@ -181,7 +189,7 @@ def main():
         f"{rss1 / 2**20:.0f} MB after (+{(rss1 - rss0) / 2**20:.1f} MB), "
         f"{rss2 / 2**20:.0f} MB after the load runs.",
     ]
-    write_table(args.out, lines)
+    write_table(args.out, lines, smoke=args.smoke)
 
 
 if __name__ == "__main__":

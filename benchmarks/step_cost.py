@@ -3,6 +3,10 @@
 Usage::
 
     python -m benchmarks.step_cost [--rounds=24] [--out=benchmarks/results/step_cost.md]
+        [--smoke]
+
+``--smoke``: one closure per variant, no warm-up closures (tracing is in the measured
+one): checks that the benchmark runs; not a measurement.
 
 One real job on this machine: a master (``antdt_tf.master``), 1 PS and 1 worker
 (``antdt-tf-server``) and this process as the chief, DeepFM on a generated record file,
@@ -38,6 +42,8 @@ import time
 
 NUM_PS, NUM_WORKERS = 1, 1
 PARTS = ("worker", "ps", "master", "chief")
+# --smoke: every variant, one closure each, no warm-up
+SMOKE = {"rounds": 1, "warmup": 0}
 
 
 def _loop(tf, strategy, model, counters, steps_per_closure: int, counts: bool):
@@ -79,12 +85,16 @@ def _loop(tf, strategy, model, counters, steps_per_closure: int, counts: bool):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=24, help="closures per variant")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="unmeasured closures per variant first (tracing, first run)")
     ap.add_argument("--batch_size", type=int, default=256)
     ap.add_argument("--steps_per_closure", type=int, default=16)
     ap.add_argument("--buckets", type=int, default=1 << 16)
     ap.add_argument("--records_per_shard", type=int, default=2048)
     ap.add_argument("--out", default="benchmarks/results/step_cost.md")
-    args = ap.parse_args()
+    from benchmarks.results_table import argparse_smoke
+
+    args = argparse_smoke(ap, SMOKE)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     import psutil
@@ -97,8 +107,9 @@ def main() -> None:
 
     variants = ("antdt", "dense", "no_report", "bare")
     per_closure = args.steps_per_closure * args.batch_size
-    # every variant's closures plus two warm-up closures each, and a shard to spare
-    num_records = (args.rounds + 2) * len(variants) * per_closure + 4 * args.records_per_shard
+    # every variant's closures plus its warm-up closures, and a shard to spare
+    num_records = ((args.rounds + args.warmup) * len(variants) * per_closure
+                   + 4 * args.records_per_shard)
     work = pathlib.Path(tempfile.mkdtemp(prefix="antdt-step-cost-"))
     data = str(work / "train.adtr")
     records.write_records(data, criteo.generate(criteo.SyntheticSpec(num_records, seed=1)))
@@ -156,7 +167,7 @@ def _measure(args, address, cluster, master, variants, psutil) -> dict:
         coordinator.join()
 
     for name in variants:   # tracing and each function's first run on the worker
-        for _ in range(2):
+        for _ in range(args.warmup):
             run(name)
     rows = {name: [] for name in variants}
     for r in range(args.rounds):
@@ -171,7 +182,7 @@ def _measure(args, address, cluster, master, variants, psutil) -> dict:
 
 
 def _write(args, rows: dict, num_records: int) -> None:
-    from benchmarks.results_table import per_step_stats
+    from benchmarks.results_table import per_step_stats, write_table
 
     mean, total, stderr = per_step_stats(rows, PARTS, args.steps_per_closure)
 
@@ -198,12 +209,10 @@ def _write(args, rows: dict, num_records: int) -> None:
               f"{total('antdt') / total('dense'):.2f}x of the dense one",
               f"- the per-worker counters: {total('no_report') - total('bare'):.2f} ms per step",
               "", f"Reproduce: `python -m benchmarks.step_cost --rounds={args.rounds} "
-              f"--out={args.out}` (or `make bench-step-cost`); {num_records:,} generated "
+              + (f"--warmup={args.warmup} " if args.warmup != 2 else "")
+              + f"--out={args.out}` (or `make bench-step-cost`); {num_records:,} generated "
               "records."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(text)
+    write_table(args.out, lines, smoke=args.smoke)
 
 
 if __name__ == "__main__":

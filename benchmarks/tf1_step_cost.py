@@ -3,6 +3,10 @@
 Usage::
 
     python -m benchmarks.tf1_step_cost [--rounds=6] [--out=benchmarks/results/tf1_step_cost.md]
+        [--smoke]
+
+``--smoke``: one run of 20 measured steps, no warm-up steps, of every variant but ``feed``
+(the probe ``counter`` too): checks that the benchmark runs; not a measurement.
 
 Setup (m) of ``compare_pss`` against (b) takes the whole job apart: here one PS
 (``antdt-tf-server``), one master (``antdt_tf.master``) and one TF1 between-graph worker
@@ -25,6 +29,9 @@ Variants (each adds one part to the one before, except ``b``):
                step runs the train op only: no lease record, no hooks (a probe: its
                leases are never reported).
 ``meta``       ``feed`` plus the lease metadata fetched with every step (one vector).
+``counter``    ``meta`` plus a constant ``scatter_add`` into a variable on the PS (a
+               probe, not a design: a PS-local write with no tensor from the worker,
+               what a record kept as a step counter on the PS would cost a step).
 ``record``     ``meta`` plus the lease record's update on the PS: what the report hook
                fetches with every step, without the hook.
 ``hooks``      ``ShardFeed.hooks()`` in the session (report hook, chief's restore and
@@ -35,8 +42,9 @@ Variants (each adds one part to the one before, except ``b``):
 
 Differences between rows are what a part costs: ``model - b`` the model as written,
 ``feed - model`` the pipeline, ``meta - feed`` the fetch, ``record - meta`` the PS
-record, ``hooks -
-record`` the hooks' Python and reports, ``chief - hooks`` the chief's checkpoint hook.
+record (``record - counter``: of it, the worker's tensor sent to the PS), ``hooks -
+record`` the hooks' Python and reports, ``chief - hooks`` the chief's checkpoint hook
+(``counter`` is off the chain: ``hooks`` builds on ``record``).
 """
 
 from __future__ import annotations
@@ -51,11 +59,17 @@ import sys
 import tempfile
 import time
 
-VARIANTS = ("b", "model", "feed_noprefetch", "feed", "meta", "record", "hooks", "chief")
+VARIANTS = ("b", "model", "feed_noprefetch", "feed", "meta", "counter", "record", "hooks", "chief")
 PARTS = ("worker", "ps", "master")
 # the run's flags a results file's reproduce line names when they differ from these
+# (the probe ``counter`` runs only when named: ``--variants=meta,counter,record``)
 REPRODUCE_DEFAULTS = {"records_per_shard": 2048, "batch_size": 256,
-                      "variants": ",".join(VARIANTS)}
+                      "variants": ",".join(v for v in VARIANTS if v != "counter"),
+                      "warmup": 40}
+# --smoke: every code path once, a few steps: every variant but ``feed`` (``feed_noprefetch``
+# builds the same graph, and ``meta`` on builds it with the prefetch)
+SMOKE = {"rounds": 1, "steps": 20, "warmup": 0,
+         "variants": ",".join(v for v in VARIANTS if v != "feed")}
 
 
 def worker(args) -> None:
@@ -78,7 +92,7 @@ def worker(args) -> None:
     config = v1.ConfigProto(device_filters=["/job:ps", device])
     server = tf.distribute.Server(cluster, job_name="worker", task_index=0, config=config)
     variant, hooks, feed = args.variant, [], None
-    if variant in ("feed_noprefetch", "feed", "meta", "record", "hooks", "chief"):
+    if variant in ("feed_noprefetch", "feed", "meta", "counter", "record", "hooks", "chief"):
         with ShardingClient(args.master) as admin:
             admin.register_dataset(DatasetSpec(args.dataset, records_per_shard=args.records_per_shard,
                                                files=(DataFile(args.data, args.records),)))
@@ -105,6 +119,14 @@ def worker(args) -> None:
     fetches = train_op
     if variant == "meta":
         fetches = [train_op, v1.get_collection(META_COLLECTION)]
+    if variant == "counter":
+        with v1.device("/job:ps/task:0"):
+            counter = v1.get_variable("probe_counter", shape=[64], dtype=tf.int64,
+                                      initializer=v1.zeros_initializer(), trainable=False,
+                                      use_resource=True)
+            bump = counter.scatter_add(tf.IndexedSlices(tf.constant([1], tf.int64),
+                                                        tf.constant([0], tf.int64)))
+        fetches = [train_op, v1.get_collection(META_COLLECTION), bump.op]
     if variant == "record":
         fetches = [train_op, v1.get_collection(META_COLLECTION),
                    v1.get_collection(RECORD_COLLECTION)[1]]
@@ -141,7 +163,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=6, help="runs per variant")
     ap.add_argument("--steps", type=int, default=300, help="measured steps per run")
-    ap.add_argument("--warmup", type=int, default=40, help="unmeasured steps per run")
+    ap.add_argument("--warmup", type=int, default=REPRODUCE_DEFAULTS["warmup"],
+                    help="unmeasured steps per run")
     ap.add_argument("--batch_size", type=int, default=REPRODUCE_DEFAULTS["batch_size"])
     ap.add_argument("--buckets", type=int, default=1 << 16)
     ap.add_argument("--learning_rate", type=float, default=0.2)
@@ -160,7 +183,9 @@ def main() -> None:
     ap.add_argument("--ps_pid", type=int, default=0)
     ap.add_argument("--master_pid", type=int, default=0)
     ap.add_argument("--result", default="")
-    args = ap.parse_args()
+    from benchmarks.results_table import argparse_smoke
+
+    args = argparse_smoke(ap, SMOKE)
     if args.role == "worker":
         return worker(args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -221,7 +246,7 @@ def main() -> None:
 
 
 def _write(args, rows: dict) -> None:
-    from benchmarks.results_table import non_default_flags, per_step_stats
+    from benchmarks.results_table import non_default_flags, per_step_stats, write_table
 
     mean, total, stderr = per_step_stats(rows, PARTS, args.steps)
 
@@ -248,10 +273,7 @@ def _write(args, rows: dict) -> None:
     extra = non_default_flags(args, REPRODUCE_DEFAULTS)
     lines += ["", f"Reproduce: `python -m benchmarks.tf1_step_cost --rounds={args.rounds} "
               f"--steps={args.steps}{extra} --out={args.out}`."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(text)
+    write_table(args.out, lines, smoke=args.smoke)
 
 
 if __name__ == "__main__":
