@@ -54,9 +54,10 @@ from absl import app, flags
 from antdt_tf import auth, exitcodes
 from antdt_tf.agent.inject import parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
-from antdt_tf.launcher.config import (SOURCE_ROOT, TF1_APIS, JobConfig, check_spec,
-                                      default_namespace, generate_data,
-                                      skips_refused_leases, task_port_range, to_proto)
+from antdt_tf.job.spec import (SOURCE_ROOT, TF1_APIS, JobConfig, check_spec,
+                               default_namespace, skips_refused_leases, task_port_range,
+                               to_proto)
+from antdt_tf.launcher.generate import generate_data
 from antdt_tf.launcher.report import summary_table
 
 FLAGS = flags.FLAGS

@@ -151,7 +151,7 @@ def sandbox(tmp_path_factory):
     it, and the environment a documented command expects (job token, TLS files)."""
     base = tmp_path_factory.mktemp("docs")
     from antdt_tf import auth
-    from antdt_tf.launcher.config import generate_data
+    from antdt_tf.launcher.generate import generate_data
 
     env = dict(os.environ)
     tls = auth.make_job_ca(str(base / "tls"), hosts=["127.0.0.1"], days=1)

@@ -2,7 +2,7 @@
 again (after the restore's drop) and the lost work regained (past the count at the
 failure)."""
 
-from antdt_tf.launcher.faults import FaultClock
+from antdt_tf.master.runner.faults import FaultClock
 
 
 def run(clock, readings):

@@ -9,7 +9,7 @@ import pytest
 
 from antdt_tf.agent.inject import Injection, parse_injection
 from antdt_tf.errors import InvalidRequest
-from antdt_tf.launcher.config import place
+from antdt_tf.job.spec import place
 
 LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
 

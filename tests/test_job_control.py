@@ -9,7 +9,7 @@ import pytest
 
 from antdt_tf.data import criteo, records
 from antdt_tf.errors import CorruptState, InvalidRequest, JobConflict
-from antdt_tf.launcher.config import JobConfig, to_proto
+from antdt_tf.job.spec import JobConfig, to_proto
 from antdt_tf.launcher.follow import JobClient
 from antdt_tf.master.job_control import JobControl
 from antdt_tf.master.server import BackgroundMaster

@@ -126,7 +126,7 @@ def test_the_job_goes_on_without_the_launcher(cluster, tmp_path):
         time.sleep(0.5)
     report = json.loads(report_path.read_text())     # written whole (os.replace)
     exact(report)
-    from antdt_tf.launcher.config import default_namespace
+    from antdt_tf.job.spec import default_namespace
 
     ray.init(address=cluster.address, namespace=default_namespace(tmp_path / "job"))
     master = ray.get_actor("master")

@@ -3,7 +3,7 @@
 Users want to know what a command will do before they submit it to a cluster; the docs'
 long and multi-host commands are checked the same way in CI (tests/test_doc_commands.py).
 Every task's command line comes from the code that builds it for a real launch
-(``launcher.taskspecs.task_args`` -> ``agent.programs.command_for``), so the agent's own
+(``master.runner.taskspecs.task_args`` -> ``agent.programs.command_for``), so the agent's own
 argument checks run too; only the addresses, which exist once the job runs, are
 placeholders.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import pathlib
 
-from antdt_tf.launcher.config import JobConfig, place
+from antdt_tf.job.spec import JobConfig, place
 
 MASTER_PLACEHOLDER = "master.antdt:7470"     # a valid host:port for the agent's checks
 
@@ -44,7 +44,7 @@ def task_commands(cfg: JobConfig) -> list[tuple[str, str, str]]:
     """(task, host, command) of every task the job starts, in start order. Raises
     InvalidRequest when the agent would refuse a task's arguments."""
     from antdt_tf.agent.programs import PathPolicy, command_for
-    from antdt_tf.launcher.taskspecs import TaskContext, task_args
+    from antdt_tf.master.runner.taskspecs import TaskContext, task_args
     from antdt_tf.proto import cluster_pb2 as cpb
 
     where = place(cfg.num_ps, cfg.slots, max(cfg.num_hosts, 1))

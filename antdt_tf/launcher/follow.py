@@ -23,7 +23,7 @@ import grpc
 
 from antdt_tf import auth
 from antdt_tf.errors import AntdtError
-from antdt_tf.launcher.config import JobConfig, to_proto
+from antdt_tf.job.spec import JobConfig, to_proto
 from antdt_tf.proto import job_pb2 as jpb
 from antdt_tf.proto import job_pb2_grpc as jpb_grpc
 
@@ -64,7 +64,6 @@ class _Follower:
         self.cfg, self.num_records = cfg, num_records
         self.t0 = time.monotonic()
         self.train_t0: Optional[float] = None
-        self.timeline: list = []       # the master's runner keeps the job's own
 
 
 class EmbeddedMaster:

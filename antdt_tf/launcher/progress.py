@@ -77,9 +77,6 @@ class ProgressLine:
         self.bar.set_postfix_str(f"shards {shards}/{total_shards} [{share}]", refresh=False)
         self.bar.update(p.records_done_total - self.records)
         self.records = p.records_done_total
-        if self.job.train_t0 is not None and status.trainer.workers:
-            self.job.timeline.append([round(now - self.job.train_t0, 2)] + [
-                w.records for w in status.trainer.workers])
         if self.records and self.first_progress is None:
             self.first_progress = (now, self.records)
         if self.enabled and not self.tty and (final or now - self.last_plain >= self.plain_every):

@@ -34,7 +34,7 @@ from typing import Optional
 import ray
 
 from antdt_tf.backends import ray as ray_backend
-from antdt_tf.launcher.config import JobConfig, to_proto
+from antdt_tf.job.spec import JobConfig, to_proto
 from antdt_tf.launcher.follow import EmbeddedMaster, follow, job_security
 
 MASTER_ACTOR = "master"
@@ -47,7 +47,7 @@ class MasterActor:
     """The job's ``antdt-master`` process, inside a detached actor on the head node."""
 
     def __init__(self, spec: bytes, job_env: dict, bind: str):
-        from antdt_tf.launcher.config import from_proto
+        from antdt_tf.job.spec import from_proto
         from antdt_tf.proto import job_pb2 as jpb
         from antdt_tf.tf.local_cluster import free_ports
 

@@ -1,20 +1,6 @@
-"""The job report's pieces: the Monitor's view of a task, the summary table."""
+"""The job report as the launcher shows it: the summary table."""
 
 from __future__ import annotations
-
-
-def health_dict(h) -> dict:
-    from antdt_tf.proto import cluster_pb2 as cpb
-
-    out = {"task": f"{h.task.job}:{h.task.index}",
-           "class": cpb.TaskHealth.StragglerClass.Name(h.straggler_class).lower(),
-           "slowness": round(h.slowness, 2), "samples": h.samples}
-    if h.task.job == "worker":
-        out.update(step_seconds=round(h.step_seconds, 4),
-                   records_per_second=round(h.records_per_second, 1))
-    else:
-        out["latency_ms"] = round(h.latency_ms, 2)
-    return out
 
 
 def summary_table(report: dict) -> str:

@@ -115,8 +115,8 @@ class JobControl:
         self._thread.start()
 
     def _run(self, resume: Optional[dict]) -> None:
-        from antdt_tf.launcher.config import from_proto
-        from antdt_tf.launcher.job import JobRunner
+        from antdt_tf.job.spec import from_proto
+        from antdt_tf.master.runner import JobRunner
 
         try:
             cfg = from_proto(self.spec)
@@ -155,7 +155,7 @@ class JobControl:
 
     def SubmitJob(self, req: jpb.SubmitJobRequest) -> jpb.JobStatus:
         from antdt_tf.data.records import RecordFile
-        from antdt_tf.launcher.config import from_proto
+        from antdt_tf.job.spec import from_proto
 
         cfg = from_proto(req.spec)            # InvalidRequest: nothing starts
         if cfg.backend == "kubernetes" and "kubernetes" not in self.backends:

@@ -1,9 +1,12 @@
-"""What a job is: its configuration, where its tasks go, and its generated data."""
+"""What a job is: its configuration, its checks, and where its tasks go.
+
+The one home of a job's description for the launcher (flags -> ``JobConfig`` -> the
+``JobSpec`` proto it submits) and the master (the proto it is sent -> ``JobConfig``
+its runner reads); both check a spec with the same :func:`check_spec`."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import pathlib
 
@@ -99,23 +102,6 @@ def place(num_ps: int, num_workers: int, num_hosts: int) -> dict[tuple[str, int]
     for n, task in enumerate(tasks):
         where[task] = n % num_hosts
     return where
-
-
-def generate_data(workdir: pathlib.Path, train: int, held_out: int, seed: int):
-    """Writes ``train`` + ``held_out`` records of one synthetic dataset (one hidden model)
-    as two record files. Returns their paths."""
-    from antdt_tf.data import criteo, records
-
-    data_dir = workdir / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    spec = criteo.SyntheticSpec(train + held_out, seed=seed)
-    part = functools.partial(criteo.records_between, spec)
-
-    paths = data_dir / "train.adtr", data_dir / "eval.adtr"
-    records.write_records(paths[0], part(0, train))
-    if held_out:
-        records.write_records(paths[1], part(train, train + held_out))
-    return str(paths[0]), str(paths[1]) if held_out else ""
 
 
 _ENUMS = {"api": ("custom_loop", "keras", "mts", "estimator"), "mode": ("async", "bsp"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from antdt_tf.launcher.config import JobConfig
+from antdt_tf.job.spec import JobConfig
 from antdt_tf.proto import cluster_pb2 as cpb
 
 

@@ -1,0 +1,127 @@
+"""Recovery: a task that is not running is restarted (on another host when its host is
+lost), the leases of a dead worker go back, and each failure's recovery is timed
+(``faults.FaultClock``). Part of :class:`~antdt_tf.master.runner.JobRunner`.
+
+- a worker that died is restarted on its address; TensorFlow re-joins it and re-runs its
+  closure; on a new address (its host lost) the chief restarts with the new cluster;
+- a PS that died is restarted; the chief, which cannot continue without it, exits 75 and
+  is relaunched once every PS and worker runs again, restoring the last checkpoint;
+- a chief that died is relaunched (same restore).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from antdt_tf.errors import AntdtError
+from antdt_tf.job.spec import EXIT_CLUSTER_UNAVAILABLE
+from antdt_tf.master.runner.faults import FaultClock
+
+
+class Recovery:
+    """What the runner does about tasks that stopped, and its view of the master's
+    progress."""
+
+    def _recover(self, key, status, statuses) -> None:
+        """``job:index`` is not running (``status``): restart it (within
+        ``--max_restarts``), or wait (a chief that exited 75 waits for its cluster)."""
+        job, index = key
+        name = "coordinator" if job == "chief" else f"{job}:{index}"
+        from antdt_tf.backends import FailureKind, TaskState
+
+        failure = status.failure
+        if status.state is TaskState.STOPPED:
+            how = "killed"
+        elif failure is None:
+            how = "exit 0"
+        elif failure.kind is FailureKind.EXITED:
+            how = f"exit {failure.exit_code}"
+        elif failure.kind is FailureKind.KILLED:
+            how = f"signal {signal.Signals(-failure.exit_code).name}"
+        else:
+            how = str(failure)
+        if (job == "chief" and failure is not None and failure.kind is FailureKind.EXITED
+                and failure.exit_code == EXIT_CLUSTER_UNAVAILABLE):
+            # wait until every PS and worker runs again, then relaunch (it restores)
+            if any(not s.running for k, s in statuses.items() if k[0] in ("ps", "worker")):
+                return
+        n = self.restarts.get(key, 0) + 1
+        if n > self.cfg.max_restarts:
+            raise RuntimeError(f"{name} failed {n} times ({how}); giving up. Log: "
+                               f"{status.log_path}")
+        self.restarts[key] = n
+        self.restarting[key] = self.issued.get(key, 0) + 1
+        ev = self._event(f"{name} {how}; restarting it (restart {n})", task=name,
+                         failure=how)
+        self.pending_faults.append(FaultClock(ev, time.monotonic(), self._records_done()))
+        if job == "worker":
+            self._release_leases_of(index)
+        if self.placement[key] not in self.live_hosts():
+            # its host is lost: another host, another address
+            self.placement[key] = self._other_host(job, index)
+            self._event(f"{name} moves to {self.host_name(self.placement[key])}")
+        address = self.spec[job][index] if job in self.spec else ""
+        self.start_task(job, index)
+        self.restarting.pop(key, None)
+        if job == "chief":
+            records = self._records_done()
+            for fault in self.pending_faults:
+                fault.chief_started(records)
+        if (job == "worker" and index < self.active_workers and not self.cfg.tf1
+                and self.spec[job][index] != address):
+            # TF re-joins a worker only at its old address: the chief comes back with
+            # the new cluster and restores the last checkpoint
+            self._event(f"{name} has a new address: restarting the chief with the new "
+                        "cluster")
+            if statuses.get(("chief", 0)) is not None and statuses["chief", 0].running:
+                self.stop_task("chief", 0, kill=True)
+
+    def _hold_data(self, hold: bool) -> bool:
+        """Holds (no new lease) or resumes the job's dataset; True when it took effect."""
+        from antdt_tf.sharding.client import ShardingClient
+
+        try:
+            with ShardingClient(self.master_address, timeout=10) as c:
+                c.set_paused("train", hold)
+        except AntdtError as e:
+            self._event(f"could not {'hold' if hold else 'resume'} the data: {e}")
+            return False
+        self._event("data held while the injected action starts its tasks" if hold
+                    else "data resumed")
+        return True
+
+    def _release_leases_of(self, worker: int) -> None:
+        """A dead worker's pipeline held leases (pull path): give them back now rather
+        than when their lease runs out, so the live workers take them over."""
+        from antdt_tf.sharding.client import ShardingClient, Task
+
+        try:
+            with ShardingClient(self.master_address, timeout=5) as c:
+                for t in c.progress("train").tasks:
+                    if t.task.type == "worker" and t.task.index == worker and t.state != "dead":
+                        n = c.report_task_failure(Task("worker", worker, t.task.incarnation),
+                                                  reason="process died (agent)")
+                        if n:
+                            self._event(f"worker:{worker}'s {n} lease(s) released (back to "
+                                        "TODO; sparse ones held for the chief to settle)")
+        except AntdtError as e:
+            self._event(f"could not release worker:{worker}'s leases: {e}")
+
+    def _master_progress(self, timeout: float = 5):
+        """The master's GetProgress of the job's dataset, None while it is down."""
+        from antdt_tf.sharding.client import ShardingClient
+
+        try:
+            with ShardingClient(self.master_address, timeout=timeout) as c:
+                return c.progress("train")
+        except AntdtError:
+            return None
+
+    def _dataset_progress(self, timeout: float = 5):
+        p = self._master_progress(timeout)
+        return p.datasets[0] if p is not None else None
+
+    def _records_done(self) -> int:
+        p = self._dataset_progress(timeout=2)
+        return p.records_done_total if p is not None else 0
