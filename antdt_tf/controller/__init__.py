@@ -2,7 +2,8 @@
 
 A :class:`~antdt_tf.controller.policy.Policy` looks at an :class:`Observation` (every
 worker's and PS's straggler class and speed, the work left, what actions cost here) and
-returns actions; the launcher carries them out through the agents. See
+returns actions; the master's job runner carries them out through the cluster backend
+(``antdt_tf.master.runner``). See
 ``antdt_tf.controller.policy`` for the preset policies and how to write one.
 """
 

@@ -1,4 +1,5 @@
-"""What a policy can ask for. Each one is carried out by the launcher through agents."""
+"""What a policy can ask for. Each one is carried out by the master's job runner through
+the cluster backend (``antdt_tf.master.runner.executor``)."""
 
 from __future__ import annotations
 

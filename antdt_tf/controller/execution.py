@@ -10,8 +10,8 @@ where it is, what it waits for, and what it cost::
         '--------- the moved task trains again ----> DONE       (the cost is measured)
 
 ``AdjustBatchSizes`` is DONE at once; a scale-in goes to RECOVERING at once. An illegal
-move raises :class:`IllegalTransition`. Pure Python: the launcher (and later the master)
-owns the processes and drives the transitions.
+move raises :class:`IllegalTransition`. Pure Python: the master's job runner owns the
+processes and drives the transitions (``antdt_tf.master.runner.executor``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Write your own::
                     for w in obs.workers if w.slowness >= 4 and not obs.busy_with(w)]
 
 and run it with ``antdt-launch --policy=my_module:RelaunchVerySlow``. ``decide`` is
-called about once a second; return ``[]`` to do nothing. The launcher never runs two
+called about once a second; return ``[]`` to do nothing. The job runner never runs two
 disruptive actions at once and ignores actions on a task that is still recovering from
 the previous one.
 
@@ -62,13 +62,13 @@ class TaskView:
 @dataclasses.dataclass
 class CostModel:
     """What actions cost on this cluster, in seconds of the job's time. Starts from
-    estimates; the launcher replaces them with what it measured (mean of the observed
+    estimates; the job runner replaces them with what it measured (mean of the observed
     actions)."""
     relaunch_worker_seconds: float = 15.0   # kill -> the new worker trains again
     replace_ps_seconds: float = 30.0        # decision -> training again (all workers wait)
     min_gain_seconds: float = 2.0           # act only when it saves at least this much
     # a PS replacement also redoes the work since the last checkpoint (on average half
-    # the checkpoint interval): the launcher sets it from --checkpoint_every_seconds
+    # the checkpoint interval): the job runner sets it from --checkpoint_every_seconds
     redo_seconds: float = 0.0
 
     def relaunch_worker_gain(self, obs: "Observation", worker: int) -> float:
@@ -149,7 +149,7 @@ class Observation:
 class Policy:
     """Observes, returns actions. Subclass and override :meth:`decide`."""
     name = "policy"
-    sharding = "dynamic"    # how the launcher registers the data: "dynamic" or "static"
+    sharding = "dynamic"    # how the job runner registers the data: "dynamic" or "static"
     tail_stealing = False   # the master lets idle workers take over slow workers' leases
     backup_leases = False   # the master gives idle workers duplicates of slow workers' leases
 

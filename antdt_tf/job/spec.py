@@ -14,8 +14,6 @@ from antdt_tf import limits
 from antdt_tf.agent.inject import Injection
 from antdt_tf.errors import InvalidRequest, shown
 
-EXIT_CLUSTER_UNAVAILABLE = 75   # the coordinator's "relaunch me" (see antdt_tf.tf.coordinator)
-
 
 TF1_APIS = ("mts", "estimator")
 SOURCE_ROOT = pathlib.Path(__file__).resolve().parent.parent.parent

@@ -20,12 +20,19 @@ from google.protobuf.message import DecodeError
 
 from antdt_tf import limits
 from antdt_tf.errors import CorruptState, InvalidRequest, shown
-from antdt_tf.monitor.straggler import (DETERMINISTIC, NORMAL, PERSISTENT, TRANSIENT,
-                                        StragglerClassifier, StragglerConfig)
+from antdt_tf.monitor.straggler import (DETERMINISTIC, NORMAL, NOT_ENOUGH, PERSISTENT,
+                                        TRANSIENT, StragglerClassifier, StragglerConfig)
 from antdt_tf.proto import cluster_pb2 as cpb
 
 _CLASS = {NORMAL: cpb.TaskHealth.NORMAL, TRANSIENT: cpb.TaskHealth.TRANSIENT,
           PERSISTENT: cpb.TaskHealth.PERSISTENT, DETERMINISTIC: cpb.TaskHealth.DETERMINISTIC}
+_CLASS_NAME = {v: k for k, v in _CLASS.items()}
+
+
+def straggler_class_name(value: int) -> str:
+    """The Monitor's class (``monitor.straggler``: "normal", "transient", ...) of a
+    ``TaskHealth.straggler_class``; "unknown" while there are too few samples."""
+    return _CLASS_NAME.get(value, NOT_ENOUGH)
 
 KNOWN_JOBS = ("ps", "worker", "chief", "master")
 

@@ -21,12 +21,12 @@ import os
 
 from absl import flags
 
+from antdt_tf import exitcodes
 from antdt_tf.tf import chief_flags
 from antdt_tf.tf.cluster_spec import make_strategy
 
 FLAGS = flags.FLAGS
 flags.adopt_module_key_flags(chief_flags)   # --helpshort lists the shared flags
-EXIT_CLUSTER_UNAVAILABLE = 75  # EX_TEMPFAIL: relaunch when the cluster is whole again
 flags.DEFINE_enum("data_path", "pull", ["pull", "closure"], "pull: each worker's tf.data "
                   "pipeline leases shards from the master itself (many steps per closure); "
                   "closure: the coordinator leases shards and schedules one closure per shard.")
@@ -130,7 +130,7 @@ def main(argv):
         # incarnation". This strategy cannot continue. Exit with EX_TEMPFAIL so the
         # supervisor relaunches once the task is back; the relaunch restores model and
         # sharding state from the last shard-boundary checkpoint.
-        _leave(EXIT_CLUSTER_UNAVAILABLE, f"cluster task unavailable, relaunch me: {e}")
+        _leave(exitcodes.CLUSTER_UNAVAILABLE, f"cluster task unavailable, relaunch me: {e}")
     except Exception as e:  # the binary's top level: report, then leave (see _leave)
         logging.exception("training failed")
         _leave(1, f"training failed: {type(e).__name__}: {e}")
@@ -227,8 +227,6 @@ def _leave(code: int, message: str = "") -> None:
 
 def run():
     flags.mark_flags_as_required(["master"])
-    from antdt_tf import exitcodes
-
     exitcodes.run(main, "antdt-coordinator")
 
 

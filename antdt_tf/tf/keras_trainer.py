@@ -16,6 +16,7 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"   # before TensorFlow is imported: tf.ke
 
 from absl import flags  # noqa: E402
 
+from antdt_tf import exitcodes  # noqa: E402
 from antdt_tf.tf import chief_flags  # noqa: E402
 from antdt_tf.tf.cluster_spec import make_strategy  # noqa: E402
 
@@ -73,7 +74,7 @@ def main(argv):
                   epochs=1, steps_per_epoch=sharding.steps_upper_bound(FLAGS.batch_size),
                   callbacks=[sharding, monitor], verbose=0)
     except tf.errors.UnavailableError as e:
-        _leave(75, f"cluster task unavailable, relaunch me: {e}")
+        _leave(exitcodes.CLUSTER_UNAVAILABLE, f"cluster task unavailable, relaunch me: {e}")
     except Exception as e:  # the binary's top level: report, then leave
         logging.exception("training failed")
         _leave(1, f"training failed: {type(e).__name__}: {e}")

@@ -22,7 +22,7 @@ class ActionExecutor:
     def _control(self, monitor, records: int) -> None:  # noqa: C901 (one round, in order)
         """One controller round: follow the actions in flight, then ask the policy."""
         from antdt_tf.controller import Observation, TaskView
-        from antdt_tf.proto import cluster_pb2 as cpb
+        from antdt_tf.monitor.view import straggler_class_name
 
         try:
             status = monitor.status()
@@ -45,10 +45,7 @@ class ActionExecutor:
                 self._scale(ScaleWorkers(num_workers=n, reason=f"host(s) {', '.join(hosts)} "
                                          "joined the cluster"), onto=hosts)
                 return
-        name = {v: k.lower() for k, v in cpb.TaskHealth.StragglerClass.items()}
-        views = [TaskView(h.task.job, h.task.index,
-                          name.get(h.straggler_class, "unknown").replace(
-                              "straggler_class_unspecified", "unknown"),
+        views = [TaskView(h.task.job, h.task.index, straggler_class_name(h.straggler_class),
                           h.slowness, h.records_per_second, h.step_seconds, h.latency_ms,
                           h.samples) for h in status.health]
         cooldown = self.cfg.straggler_window_seconds
@@ -143,11 +140,8 @@ class ActionExecutor:
 
     def _adjust_batch_sizes(self, action) -> None:
         """ADJUST_BS: the master hands the sizes out with each worker's next lease."""
-        from antdt_tf.sharding.client import ShardingClient
-
         sizes = dict(action.sizes)
-        with ShardingClient(self.master_address, timeout=10) as admin:
-            admin.set_batch_sizes("train", sizes, replace=True)
+        self.admin.set_batch_sizes("train", sizes, replace=True)
         self.batch_sizes = sizes
         ev = self._event(f"controller ({self.policy.name}): AdjustBatchSizes "
                          f"{sizes}: {action.reason}", action="AdjustBatchSizes")

@@ -15,7 +15,7 @@ import signal
 import time
 
 from antdt_tf.errors import AntdtError
-from antdt_tf.job.spec import EXIT_CLUSTER_UNAVAILABLE
+from antdt_tf.exitcodes import CLUSTER_UNAVAILABLE
 from antdt_tf.master.runner.faults import FaultClock
 
 
@@ -42,7 +42,7 @@ class Recovery:
         else:
             how = str(failure)
         if (job == "chief" and failure is not None and failure.kind is FailureKind.EXITED
-                and failure.exit_code == EXIT_CLUSTER_UNAVAILABLE):
+                and failure.exit_code == CLUSTER_UNAVAILABLE):
             # wait until every PS and worker runs again, then relaunch (it restores)
             if any(not s.running for k, s in statuses.items() if k[0] in ("ps", "worker")):
                 return
@@ -79,11 +79,8 @@ class Recovery:
 
     def _hold_data(self, hold: bool) -> bool:
         """Holds (no new lease) or resumes the job's dataset; True when it took effect."""
-        from antdt_tf.sharding.client import ShardingClient
-
         try:
-            with ShardingClient(self.master_address, timeout=10) as c:
-                c.set_paused("train", hold)
+            self.admin.set_paused("train", hold)
         except AntdtError as e:
             self._event(f"could not {'hold' if hold else 'resume'} the data: {e}")
             return False
@@ -94,34 +91,30 @@ class Recovery:
     def _release_leases_of(self, worker: int) -> None:
         """A dead worker's pipeline held leases (pull path): give them back now rather
         than when their lease runs out, so the live workers take them over."""
-        from antdt_tf.sharding.client import ShardingClient, Task
+        from antdt_tf.sharding.client import Task
 
         try:
-            with ShardingClient(self.master_address, timeout=5) as c:
-                for t in c.progress("train").tasks:
-                    if t.task.type == "worker" and t.task.index == worker and t.state != "dead":
-                        n = c.report_task_failure(Task("worker", worker, t.task.incarnation),
-                                                  reason="process died (agent)")
-                        if n:
-                            self._event(f"worker:{worker}'s {n} lease(s) released (back to "
-                                        "TODO; sparse ones held for the chief to settle)")
+            for t in self.admin.progress("train").tasks:
+                if t.task.type == "worker" and t.task.index == worker and t.state != "dead":
+                    n = self.admin.report_task_failure(Task("worker", worker, t.task.incarnation),
+                                                       reason="process died (agent)")
+                    if n:
+                        self._event(f"worker:{worker}'s {n} lease(s) released (back to "
+                                    "TODO; sparse ones held for the chief to settle)")
         except AntdtError as e:
             self._event(f"could not release worker:{worker}'s leases: {e}")
 
-    def _master_progress(self, timeout: float = 5):
-        """The master's GetProgress of the job's dataset, None while it is down."""
-        from antdt_tf.sharding.client import ShardingClient
-
+    def _master_progress(self):
+        """The master's GetProgress of the job's dataset, None when it did not answer."""
         try:
-            with ShardingClient(self.master_address, timeout=timeout) as c:
-                return c.progress("train")
+            return self.admin.progress("train")
         except AntdtError:
             return None
 
-    def _dataset_progress(self, timeout: float = 5):
-        p = self._master_progress(timeout)
+    def _dataset_progress(self):
+        p = self._master_progress()
         return p.datasets[0] if p is not None else None
 
     def _records_done(self) -> int:
-        p = self._dataset_progress(timeout=2)
+        p = self._dataset_progress()
         return p.records_done_total if p is not None else 0

@@ -43,11 +43,8 @@ class Resume:
         self.active_workers = saved.get("active_workers", self.active_workers)
         self.injected = list(saved.get("injected", []))
         self.batch_sizes = {int(w): b for w, b in saved.get("batch_sizes", {}).items()}
-        from antdt_tf.monitor.client import MonitorClient
-
-        with MonitorClient(self.master_address) as monitor:   # survives in the state dir
-            published = monitor.job_cluster()
-            self.cluster_version = max(saved.get("cluster_version", 0), published.version)
+        published = self.monitor.job_cluster()    # survives in the master's state dir
+        self.cluster_version = max(saved.get("cluster_version", 0), published.version)
         self.backend.tasks()
         adopted = []
         for key, launches in sorted(self.backend.launches_by_task().items()):

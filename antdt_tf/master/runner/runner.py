@@ -80,6 +80,7 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
         self.pending_faults: list = []     # FaultClock of failures not yet regained
         self.coordinator_report_path = cfg.workdir / "coordinator_report.json"
         self._progress: Optional[JobProgress] = None    # while supervising
+        self.admin = self.monitor = None      # the master's sharding and monitor clients
         self.ended_slowdowns: list[str] = []   # injected slowdowns whose end was noted
         self.adopted_actions: list = []        # actions a previous master finished
         from antdt_tf.controller import CostModel, load_policy
@@ -112,9 +113,15 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
     # ------------------------------------------------------------------ the job
 
     def run(self) -> dict:
+        """Hosts, dataset, tasks (or the adopted ones after a master restart), the loop,
+        the report; every task stopped at the end, also on failure."""
         from antdt_tf.monitor.client import MonitorClient
         from antdt_tf.sharding.client import ShardingClient
 
+        # one channel to each of the master's services for the job's life (the master
+        # is this process: its address is the loopback or Unix one it serves on)
+        self.admin = ShardingClient(self.master_address, timeout=10)
+        self.monitor = MonitorClient(self.master_address, timeout=30)
         try:
             self._join_hosts()
             # idempotent for the same spec: after a restart it may not have been done yet
@@ -123,12 +130,12 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
                 self._adopt(self.resume)
             else:
                 self._start_tasks()
-            with ShardingClient(self.master_address, timeout=10) as admin, \
-                    MonitorClient(self.master_address) as monitor:
-                self._supervise(admin, monitor)
+            self._supervise(self.admin, self.monitor)
             return self._report()
         finally:
             self.shutdown()
+            self.admin.close()
+            self.monitor.close()
 
     def _start_tasks(self) -> None:
         for i in range(len(self.spec["ps"])):

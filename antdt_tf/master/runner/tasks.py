@@ -138,12 +138,9 @@ class TaskLaunching:
     def _publish_cluster(self) -> None:
         """The chief's cluster (the active workers, a prefix of the slots: a task index
         means the same task to the chief and to the server), to the master."""
-        from antdt_tf.monitor.client import MonitorClient
-
         self.cluster_version += 1
-        with MonitorClient(self.master_address, timeout=30) as monitor:
-            monitor.set_job_cluster(self.cluster_version, dict(
-                self.spec, worker=self.spec["worker"][:self.active_workers]))
+        self.monitor.set_job_cluster(self.cluster_version, dict(
+            self.spec, worker=self.spec["worker"][:self.active_workers]))
 
     def _register_dataset(self) -> None:
         from antdt_tf.sharding.client import ShardingClient

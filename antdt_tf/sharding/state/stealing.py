@@ -19,7 +19,7 @@ _STEAL_MIN_BATCHES = 2
 # sparse reports: a lease is reported after every batch anyway (so that it can be
 # stolen or backed up) when few shards are left to issue (this many per live worker) or
 # its holder is this much slower than the dataset's pace — the Monitor's own "slow"
-# (StragglerDetector.slow_ratio). At 1.25 the noise of a shared machine's paces made
+# (``monitor.straggler.StragglerConfig.slow_ratio``). At 1.25 the noise of a shared machine's paces made
 # holders that were not slow report per batch: 40-60 % of a TF1 worker's steps in a job
 # without a straggler, each a Python RPC to the master.
 _DENSE_TAIL_SHARDS_PER_WORKER = 2
