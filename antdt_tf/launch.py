@@ -17,7 +17,7 @@ to the running master at ``--master``, whose hosts are the agents registered wit
 cluster's head node, and every task is an actor on a node (docs/ray.md). The master's job control (``antdt_tf.master.job_control``) starts
 the PS and worker ``tf.distribute.Server`` tasks and the coordinator through the
 backend, publishes the cluster's addresses for the chief, and supervises
-(``antdt_tf.launcher.job``); the launcher shows a progress line (records, shards,
+(``antdt_tf.master.runner``); the launcher shows a progress line (records, shards,
 records/s, ETA, each worker's share) and the job's events:
 
 - a worker that died is restarted on its address; TensorFlow re-joins it and re-runs its

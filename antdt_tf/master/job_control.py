@@ -1,7 +1,7 @@
 """JobControl: the job the master owns (``antdt.v1.JobService``).
 
 A client submits a typed ``JobSpec`` once; the master persists it in its state dir
-(``job.pb``) beside the shard state and runs it — a :class:`~antdt_tf.launcher.job.JobRunner`
+(``job.pb``) beside the shard state and runs it — a :class:`~antdt_tf.master.runner.JobRunner`
 in a thread of the master process, acting through a cluster backend. The runner's state
 that a restart needs (events, restarts, finished actions, injections done, the clocks)
 is saved on every event (``job_state.json``). A master started again on the same state
