@@ -268,21 +268,21 @@ def config_from_flags() -> JobConfig:
                                      "not found (run: make venv-tf215, or pass "
                                      "--estimator_python)")
     try:
-        from antdt_tf.controller import load_policy
+        from antdt_tf.controller import PolicyTraits, load_policy
         from antdt_tf.monitor.straggler import StragglerConfig
 
-        policy = load_policy(policy_name)
+        traits = PolicyTraits.of(load_policy(policy_name))
         StragglerConfig(window_seconds=FLAGS.straggler_window_seconds,
                         slow_ratio=FLAGS.straggler_slow_ratio,
                         persistent_after_seconds=FLAGS.straggler_persistent_after_seconds)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
-    if getattr(policy, "sharding", "dynamic") == "static" and (
+    if traits.sharding == "static" and (
             FLAGS.max_workers > FLAGS.num_workers or FLAGS.api != "custom_loop"
             or FLAGS.data_path != "pull"):
         raise app.UsageError("--policy=static (static sharding) needs --api=custom_loop "
                              "--data_path=pull and no --max_workers")
-    if getattr(policy, "backup_leases", False) and not skips_refused_leases(FLAGS):
+    if traits.backup_leases and not skips_refused_leases(FLAGS):
         raise app.UsageError(f"--policy={FLAGS.policy} (backup workers) needs a trainer that "
                              "stops a lease whose duplicate finished first: --api=custom_loop "
                              "--mode=async --data_path=pull, or --api=mts|estimator")

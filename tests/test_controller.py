@@ -133,3 +133,22 @@ def test_load_policy_by_name_or_module_class_with_clear_errors():
         load_policy("fast")
     with pytest.raises(ValueError, match="cannot load"):
         load_policy("no_such_module_xyz:Policy")
+
+
+def test_policy_traits_read_a_duck_typed_policy_with_the_base_defaults():
+    """A user's policy need not subclass Policy: what it leaves out has Policy's value,
+    and a sharding mode the master does not know is refused when the job is checked."""
+    from antdt_tf.controller import AntDTND, PolicyTraits, StaticSharding
+
+    class Bare:
+        def decide(self, obs):
+            return []
+
+    class Odd(Bare):
+        sharding = "round-robin"
+
+    assert PolicyTraits.of(Bare()) == PolicyTraits("dynamic", False, False)
+    assert PolicyTraits.of(StaticSharding()).sharding == "static"
+    assert PolicyTraits.of(AntDTND()).tail_stealing is AntDTND.tail_stealing
+    with pytest.raises(ValueError, match="sharding must be"):
+        PolicyTraits.of(Odd())

@@ -201,6 +201,17 @@ class ClusterBackend(abc.ABC):
         info = self.tasks().get(name.key)
         return info if info is not None and info.name == name else None
 
+    def launches_by_task(self) -> dict[tuple[str, int], list[TaskInfo]]:
+        """Every launch known now, by task: an older generation may still run beside a
+        newer one that stands by (a move a previous master began). What a restarted
+        master adopts. Default: the latest generation of each task only."""
+        return {key: [info] for key, info in self.tasks().items()}
+
+    def release_all(self) -> None:
+        """The end of a job: whatever of it the backend still holds goes (Ray: its
+        actors; Kubernetes: its pods and Services). Default: nothing beyond the
+        tasks the runner stopped."""
+
     def slow_down(self, name: TaskName, factor: float, duration_seconds: float = 0.0) -> TaskInfo:
         """Fault injection: the task gets 1/factor of its CPU (factor 1: full speed)."""
         raise NotImplementedError(f"{type(self).__name__} cannot slow tasks down")

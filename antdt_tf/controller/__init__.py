@@ -10,9 +10,10 @@ returns actions; the master's job runner carries them out through the cluster ba
 from antdt_tf.controller.actions import (Action, AdjustBatchSizes, RelaunchWorker, ReplacePs,
                                          ScaleWorkers)
 from antdt_tf.controller.policy import (AntDTDD, AntDTND, BackupWorkers, CostModel,
-                                        DynamicOnly, Observation, Policy, StaticSharding,
-                                        TaskView, balanced_batch_sizes, load_policy)
+                                        DynamicOnly, Observation, Policy, PolicyTraits,
+                                        StaticSharding, TaskView, balanced_batch_sizes,
+                                        load_policy)
 
 __all__ = ["Action", "AdjustBatchSizes", "AntDTDD", "AntDTND", "BackupWorkers", "CostModel",
-           "DynamicOnly", "Observation", "Policy", "RelaunchWorker", "ReplacePs", "ScaleWorkers",
+           "DynamicOnly", "Observation", "PolicyTraits", "Policy", "RelaunchWorker", "ReplacePs", "ScaleWorkers",
            "StaticSharding", "TaskView", "balanced_batch_sizes", "load_policy"]

@@ -247,6 +247,24 @@ class AntDTDD(_Acting):
 PRESETS = {p.name: p for p in (StaticSharding, DynamicOnly, BackupWorkers, AntDTND, AntDTDD)}
 
 
+@dataclasses.dataclass(frozen=True)
+class PolicyTraits:
+    """How a policy wants the data served, read once from the policy (a user's policy
+    need not subclass :class:`Policy`: what it leaves out has the base class's value)."""
+    sharding: str = Policy.sharding
+    tail_stealing: bool = Policy.tail_stealing
+    backup_leases: bool = Policy.backup_leases
+
+    @classmethod
+    def of(cls, policy) -> "PolicyTraits":
+        traits = cls(**{f.name: getattr(policy, f.name, getattr(Policy, f.name))
+                        for f in dataclasses.fields(cls)})
+        if traits.sharding not in ("dynamic", "static"):
+            raise ValueError(f"policy {getattr(policy, 'name', policy)!r}: sharding must be "
+                             f"'dynamic' or 'static', got {traits.sharding!r}")
+        return traits
+
+
 def load_policy(spec: str) -> Policy:
     """A preset by name (``static``, ``dynamic``, ``backup``, ``antdt-nd``, ``antdt-dd``) or
     ``module:Class``."""

@@ -260,7 +260,5 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
                     self.stop_task(j, i, grace_seconds=5)
                 except AntdtError:
                     pass
-        release = getattr(self.backend, "release_all", None)
-        if release is not None:      # Ray: no actor of the job outlives it
-            release()
+        self.backend.release_all()      # Ray, Kubernetes: nothing of the job outlives it
         self.backend.close()

@@ -143,20 +143,18 @@ class TaskLaunching:
             self.spec, worker=self.spec["worker"][:self.active_workers]))
 
     def _register_dataset(self) -> None:
-        from antdt_tf.sharding.client import ShardingClient
+        """The job's data, served as the policy wants it (idempotent for one spec)."""
+        from antdt_tf.controller import PolicyTraits
         from antdt_tf.sharding.plan import DataFile, DatasetSpec
 
-        with ShardingClient(self.master_address, timeout=60) as admin:
-            admin.register_dataset(DatasetSpec(
-                "train", records_per_shard=self.cfg.records_per_shard,
-                num_epochs=self.cfg.epochs, shuffle=self.cfg.shuffle, seed=self.cfg.data_seed,
-                files=(DataFile(self.cfg.data, self.num_records),),
-                static_workers=(self.cfg.num_workers
-                                if getattr(self.policy, "sharding", "dynamic") == "static"
-                                else 0),
-                # PullTrainer and the TF1 feed skip the batches of a lease whose report
-                # was refused (Keras and BSP do not)
-                tail_stealing=(getattr(self.policy, "tail_stealing", False)
-                               and skips_refused_leases(self.cfg)),
-                backup_leases=(getattr(self.policy, "backup_leases", False)
-                               and skips_refused_leases(self.cfg))))
+        traits = PolicyTraits.of(self.policy)
+        # PullTrainer and the TF1 feed skip the batches of a lease whose report was
+        # refused (Keras and BSP do not): only they may have leases stolen or backed up
+        skips = skips_refused_leases(self.cfg)
+        self.admin.register_dataset(DatasetSpec(
+            "train", records_per_shard=self.cfg.records_per_shard,
+            num_epochs=self.cfg.epochs, shuffle=self.cfg.shuffle, seed=self.cfg.data_seed,
+            files=(DataFile(self.cfg.data, self.num_records),),
+            static_workers=self.cfg.num_workers if traits.sharding == "static" else 0,
+            tail_stealing=traits.tail_stealing and skips,
+            backup_leases=traits.backup_leases and skips))
