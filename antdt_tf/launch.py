@@ -54,9 +54,8 @@ from absl import app, flags
 from antdt_tf import auth, exitcodes
 from antdt_tf.agent.inject import parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
-from antdt_tf.job.spec import (SOURCE_ROOT, TF1_APIS, JobConfig, check_spec,
-                               default_namespace, skips_refused_leases, task_port_range,
-                               to_proto)
+from antdt_tf.job.spec import (SOURCE_ROOT, JobConfig, check_spec, check_traits,
+                               default_namespace, task_port_range, to_proto)
 from antdt_tf.launcher.generate import generate_data
 from antdt_tf.launcher.report import summary_table
 
@@ -185,28 +184,14 @@ def config_from_flags() -> JobConfig:
         if not FLAGS.master:
             raise app.UsageError("--backend=agents needs --master=HOST:PORT (the running "
                                  "antdt-master the hosts' agents report to)")
-        if FLAGS.api != "custom_loop" or FLAGS.max_workers > FLAGS.num_workers:
-            raise app.UsageError("--backend=agents runs --api=custom_loop jobs without "
-                                 "--max_workers for now (docs/backends.md)")
-        if any(t.startswith("kill:master") for t in FLAGS.inject):
-            raise app.UsageError("--backend=agents: the master is not the launcher's to "
-                                 "kill (it runs on its own host)")
-        if FLAGS.host_timeout_seconds <= 0:
-            raise app.UsageError("--host_timeout_seconds must be > 0")
     elif FLAGS.backend == "kubernetes":
         if not FLAGS.namespace and not FLAGS.master:
             raise app.UsageError("--backend=kubernetes needs --namespace=NS (where the job's "
                                  "antdt-master runs; deploy/kubernetes/) or --master")
-        if FLAGS.api != "custom_loop" or FLAGS.max_workers > FLAGS.num_workers:
-            raise app.UsageError("--backend=kubernetes runs --api=custom_loop jobs without "
-                                 "--max_workers for now (docs/kubernetes.md)")
         if not FLAGS.data or not FLAGS.workdir:
             raise app.UsageError("--backend=kubernetes needs --data and --workdir: paths on "
                                  "the job's volume as the master's pod sees them (e.g. "
                                  "/antdt/data/train.adtr, /antdt/jobs/j1)")
-        if FLAGS.inject:
-            raise app.UsageError("--backend=kubernetes: fault injection is not done to a "
-                                 "cluster's pods (--inject)")
     elif FLAGS.master:
         raise app.UsageError("--master goes with --backend=agents or kubernetes (the local "
                              "and ray backends start their own master)")
@@ -219,9 +204,6 @@ def config_from_flags() -> JobConfig:
             raise app.UsageError("--backend=ray: the Ray cluster's token is not set; export "
                                  "RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) as on the "
                                  "cluster's nodes (docs/ray.md)")
-        if FLAGS.api != "custom_loop":
-            raise app.UsageError("--backend=ray runs --api=custom_loop jobs for now "
-                                 "(docs/ray.md)")
         if FLAGS.task_ports:
             try:
                 task_port_range(FLAGS.task_ports)
@@ -229,16 +211,6 @@ def config_from_flags() -> JobConfig:
                 raise app.UsageError(f"--task_ports: {e}") from e
     elif FLAGS.ray_namespace or FLAGS.task_ports:
         raise app.UsageError("--ray_namespace and --task_ports go with --backend=ray")
-    if FLAGS.max_workers and FLAGS.max_workers < FLAGS.num_workers:
-        raise app.UsageError("--max_workers must be 0 or >= --num_workers")
-    if FLAGS.max_workers > FLAGS.num_workers and (FLAGS.api != "custom_loop"
-                                                  or FLAGS.data_path != "pull"):
-        raise app.UsageError("scaling (--max_workers) needs --api=custom_loop "
-                             "--data_path=pull")
-    if FLAGS.mode == "bsp" and (FLAGS.api != "custom_loop" or FLAGS.data_path != "pull"
-                                or FLAGS.max_workers > FLAGS.num_workers):
-        raise app.UsageError("--mode=bsp needs --api=custom_loop --data_path=pull and no "
-                             "--max_workers (a round has one batch per worker at start)")
     for name in ("epochs", "batch_size", "records_per_shard", "buckets"):
         if getattr(FLAGS, name) < 1:
             raise app.UsageError(f"--{name} must be >= 1")
@@ -248,25 +220,13 @@ def config_from_flags() -> JobConfig:
     except InvalidRequest as e:
         raise app.UsageError(str(e)) from e
     policy_name, estimator_python = FLAGS.policy, ""
-    if FLAGS.api in TF1_APIS:
-        # the hooks carry out RelaunchWorker (a non-chief worker moves to another host),
-        # tail stealing and ADJUST_BS sizes; PS replacement and scaling drive the TF2
-        # coordinator and have no TF1 counterpart here
-        for inj in injections:
-            if inj.job in ("chief", "ps") or inj.kind == "scale":
-                raise app.UsageError(f"--api={FLAGS.api}: injection {inj} is not supported "
-                                     "(kill:worker:0 kills the chief; kill:master, kill:worker "
-                                     "and slow:worker work)")
-        if FLAGS.policy == "static":
-            raise app.UsageError(f"--api={FLAGS.api}: --policy=static (static sharding) needs "
-                                 "--api=custom_loop")
-        if FLAGS.api == "estimator":
-            estimator_python = FLAGS.estimator_python or str(
-                SOURCE_ROOT / ".venv-tf215" / "bin" / "python")
-            if not os.access(estimator_python, os.X_OK):
-                raise app.UsageError(f"--api=estimator needs TF 2.15's venv: {estimator_python} "
-                                     "not found (run: make venv-tf215, or pass "
-                                     "--estimator_python)")
+    if FLAGS.api == "estimator":
+        estimator_python = FLAGS.estimator_python or str(
+            SOURCE_ROOT / ".venv-tf215" / "bin" / "python")
+        if not os.access(estimator_python, os.X_OK):
+            raise app.UsageError(f"--api=estimator needs TF 2.15's venv: {estimator_python} "
+                                 "not found (run: make venv-tf215, or pass "
+                                 "--estimator_python)")
     try:
         from antdt_tf.controller import PolicyTraits, load_policy
         from antdt_tf.monitor.straggler import StragglerConfig
@@ -277,19 +237,6 @@ def config_from_flags() -> JobConfig:
                         persistent_after_seconds=FLAGS.straggler_persistent_after_seconds)
     except ValueError as e:
         raise app.UsageError(str(e)) from e
-    if traits.sharding == "static" and (
-            FLAGS.max_workers > FLAGS.num_workers or FLAGS.api != "custom_loop"
-            or FLAGS.data_path != "pull"):
-        raise app.UsageError("--policy=static (static sharding) needs --api=custom_loop "
-                             "--data_path=pull and no --max_workers")
-    if traits.backup_leases and not skips_refused_leases(FLAGS):
-        raise app.UsageError(f"--policy={FLAGS.policy} (backup workers) needs a trainer that "
-                             "stops a lease whose duplicate finished first: --api=custom_loop "
-                             "--mode=async --data_path=pull, or --api=mts|estimator")
-    if FLAGS.controller_interval_seconds <= 0 or min(
-            FLAGS.relaunch_cost_seconds, FLAGS.replace_ps_cost_seconds) < 0:
-        raise app.UsageError("--controller_interval_seconds must be > 0 and the cost "
-                             "estimates >= 0")
     # Nothing is created before every check passed: a refused job leaves no workdir.
     # Absolute paths: the master that runs the job may have another working directory.
     remote = FLAGS.backend == "kubernetes"    # paths on the cluster's volume, not here
@@ -327,10 +274,6 @@ def config_from_flags() -> JobConfig:
     elif FLAGS.generate_records < 1 or FLAGS.eval_records < 0:
         raise app.UsageError("--generate_records must be >= 1 and --eval_records >= 0 (or "
                              "pass --data)")
-    if FLAGS.max_restarts < 0 or FLAGS.checkpoint_every_seconds <= 0 \
-            or FLAGS.checkpoint_every_shards < 1:
-        raise app.UsageError("--max_restarts must be >= 0, --checkpoint_every_seconds > 0 "
-                             "and --checkpoint_every_shards >= 1")
     cfg = JobConfig(
         num_ps=FLAGS.num_ps, num_workers=FLAGS.num_workers,
         num_hosts=FLAGS.num_hosts or (1 if FLAGS.backend in ("agents", "ray", "kubernetes")
@@ -357,9 +300,11 @@ def config_from_flags() -> JobConfig:
         min_gain_seconds=FLAGS.min_gain_seconds, max_workers=FLAGS.max_workers,
         estimator_python=estimator_python)
     try:    # what the master would refuse at submission, refused before anything exists
-        check_spec(to_proto(dataclasses.replace(
+        spec = to_proto(dataclasses.replace(
             cfg, data=data or "(generated)",
-            workdir=workdir or pathlib.Path(tempfile.gettempdir()).resolve())))
+            workdir=workdir or pathlib.Path(tempfile.gettempdir()).resolve()))
+        check_spec(spec)
+        check_traits(spec, traits)     # a user's policy too (the presets: in check_spec)
     except InvalidRequest as e:
         raise app.UsageError(str(e).replace("JobSpec.", "--")) from e
     if FLAGS.dry_run:

@@ -63,6 +63,38 @@ def test_a_bad_spec_is_refused_with_the_reason_and_nothing_is_kept(tmp_path, cha
     assert not getattr(control, "spawned", [])
 
 
+@pytest.mark.parametrize("change,launch_flags", [
+    ({"api": "keras", "backend": "agents"},
+     ["--api=keras", "--backend=agents", "--master=127.0.0.1:7470"]),
+    ({"api": "mts", "policy": "static"}, ["--api=mts", "--policy=static"]),
+    ({"mode": "bsp", "policy": "backup"}, ["--mode=bsp", "--policy=backup"]),
+    ({"max_workers": 4, "api": "keras"}, ["--max_workers=4", "--api=keras"]),
+    ({"checkpoint_every_shards": 0}, ["--checkpoint_every_shards=0"]),
+])
+def test_the_master_refuses_a_spec_exactly_as_the_launcher_does(tmp_path, change,
+                                                                launch_flags):
+    """One set of checks (antdt_tf.job.spec.check_spec): a JobSpec sent to the master
+    directly gets the launcher's refusal, word for word (JobSpec.x for --x)."""
+    import subprocess
+    import sys
+
+    control = RecordingJobControl(str(tmp_path / "state"))
+    with BackgroundMaster(ShardingServicer(ShardState()), job_control=control) as m:
+        client = JobClient(m.address, timeout=10)
+        with pytest.raises(InvalidRequest) as e:
+            client.submit(spec(tmp_path, **change))
+        client.close()
+    master_says = str(e.value)
+    launched = subprocess.run([sys.executable, "-m", "antdt_tf.launch", "--dry_run",
+                               "--num_workers=2", "--num_ps=1", *launch_flags],
+                              capture_output=True, text=True, timeout=60)
+    assert launched.returncode == 2, launched.stderr
+    launcher_says = launched.stderr.strip().split("antdt-launch: error: ", 1)[1]
+    assert master_says.replace("JobSpec.", "--") == launcher_says, (master_says,
+                                                                    launcher_says)
+    assert not getattr(control, "spawned", [])
+
+
 def test_submit_is_idempotent_another_job_conflicts_and_a_restart_resumes(tmp_path):
     state = tmp_path / "state"
     control = RecordingJobControl(str(state))

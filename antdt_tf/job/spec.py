@@ -183,6 +183,78 @@ def _check_ranges(spec) -> None:
                                      f"[0, {limits.MAX_SECONDS:g}], got {value}")
 
 
+def _check_combinations(spec) -> None:
+    """What the job's parts can do together: which API runs on which backend, what
+    scaling, BSP rounds, the TF1 hooks and the preset policies need. One place, so a
+    spec sent to the master directly is refused exactly as antdt-launch refuses it
+    (whose messages read ``--flag`` for ``JobSpec.flag``)."""
+    from antdt_tf.controller.policy import PRESETS, PolicyTraits
+
+    scaling = spec.max_workers > spec.num_workers
+    kills_master = any(i.job == "master" for i in spec.injections)
+    if spec.backend in ("agents", "kubernetes", "ray") and (
+            spec.api != "custom_loop" or (scaling and spec.backend != "ray")):
+        page = {"agents": "backends", "kubernetes": "kubernetes", "ray": "ray"}[spec.backend]
+        raise InvalidRequest(f"JobSpec.backend={spec.backend} runs JobSpec.api=custom_loop "
+                             "jobs" + ("" if spec.backend == "ray" else
+                                       " without JobSpec.max_workers") +
+                             f" for now (docs/{page}.md)")
+    if spec.backend == "agents":
+        if kills_master:
+            raise InvalidRequest("JobSpec.backend=agents: the master is not the launcher's "
+                                 "to kill (it runs on its own host)")
+        if not spec.host_timeout_seconds > 0:
+            raise InvalidRequest("JobSpec.host_timeout_seconds must be > 0")
+    if spec.backend == "kubernetes" and spec.injections:
+        raise InvalidRequest("JobSpec.backend=kubernetes: fault injection is not done to a "
+                             "cluster's pods (JobSpec.inject)")
+    if spec.max_workers and spec.max_workers < spec.num_workers:
+        raise InvalidRequest("JobSpec.max_workers must be 0 or >= JobSpec.num_workers")
+    if scaling and (spec.api != "custom_loop" or spec.data_path != "pull"):
+        raise InvalidRequest("scaling (JobSpec.max_workers) needs JobSpec.api=custom_loop "
+                             "JobSpec.data_path=pull")
+    if spec.mode == "bsp" and (spec.api != "custom_loop" or spec.data_path != "pull"
+                               or scaling):
+        raise InvalidRequest("JobSpec.mode=bsp needs JobSpec.api=custom_loop "
+                             "JobSpec.data_path=pull and no JobSpec.max_workers (a round has "
+                             "one batch per worker at start)")
+    if spec.api in TF1_APIS:
+        # the hooks carry out RelaunchWorker (a non-chief worker moves to another host),
+        # tail stealing and ADJUST_BS sizes; PS replacement and scaling drive the TF2
+        # coordinator and have no TF1 counterpart here
+        for i in spec.injections:
+            if i.job in ("chief", "ps") or i.kind == "scale":
+                raise InvalidRequest(f"JobSpec.api={spec.api}: injection {i.kind}:{i.job}:"
+                                     f"{i.index} is not supported (kill:worker:0 kills the "
+                                     "chief; kill:master, kill:worker and slow:worker work)")
+        if spec.policy == "static":
+            raise InvalidRequest(f"JobSpec.api={spec.api}: JobSpec.policy=static (static "
+                                 "sharding) needs JobSpec.api=custom_loop")
+    if spec.policy in PRESETS:      # a user's policy: where it is loaded (check_traits)
+        check_traits(spec, PolicyTraits.of(PRESETS[spec.policy]()))
+    if not spec.controller_interval_seconds > 0:
+        raise InvalidRequest("JobSpec.controller_interval_seconds must be > 0")
+    if not spec.checkpoint_every_seconds > 0 or spec.checkpoint_every_shards < 1:
+        raise InvalidRequest("JobSpec.checkpoint_every_seconds must be > 0 and "
+                             "JobSpec.checkpoint_every_shards >= 1")
+
+
+def check_traits(spec, traits) -> None:
+    """What the policy's way of serving the data needs of the job (``traits``: its
+    ``controller.PolicyTraits``)."""
+    if traits.sharding == "static" and (spec.max_workers > spec.num_workers
+                                        or spec.api != "custom_loop"
+                                        or spec.data_path != "pull"):
+        raise InvalidRequest("JobSpec.policy=static (static sharding) needs "
+                             "JobSpec.api=custom_loop JobSpec.data_path=pull and no "
+                             "JobSpec.max_workers")
+    if traits.backup_leases and not skips_refused_leases(spec):
+        raise InvalidRequest(f"JobSpec.policy={spec.policy} (backup workers) needs a trainer "
+                             "that stops a lease whose duplicate finished first: "
+                             "JobSpec.api=custom_loop JobSpec.mode=async "
+                             "JobSpec.data_path=pull, or JobSpec.api=mts|estimator")
+
+
 def check_spec(spec) -> None:
     """InvalidRequest saying what is wrong with a JobSpec (its addresses aside), else
     nothing: the master refuses such a job (:func:`from_proto`), and antdt-launch refuses
@@ -192,8 +264,7 @@ def check_spec(spec) -> None:
             raise InvalidRequest(f"JobSpec.{name} must be one of {allowed}, got "
                                  f"{shown(getattr(spec, name))}")
     _check_ranges(spec)
-    if spec.max_workers and spec.max_workers < spec.num_workers:
-        raise InvalidRequest("JobSpec.max_workers must be 0 or >= num_workers")
+    _check_combinations(spec)
     if not spec.workdir or not pathlib.Path(spec.workdir).is_absolute():
         raise InvalidRequest(f"JobSpec.workdir must be an absolute path, got "
                              f"{shown(spec.workdir)}")

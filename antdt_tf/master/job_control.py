@@ -168,6 +168,14 @@ class JobControl:
                 f"JobSpec.policy {shown(cfg.policy)}: this master imports user policies only "
                 "from the modules its operator allowed (antdt-master --policy_modules="
                 f"{','.join(self.policy_modules) or '<none>'}); or use a preset")
+        if module:      # allowed: what it wants of the data, checked before anything runs
+            from antdt_tf.controller import PolicyTraits, load_policy
+            from antdt_tf.job.spec import check_traits
+
+            try:
+                check_traits(req.spec, PolicyTraits.of(load_policy(cfg.policy)))
+            except ValueError as e:
+                raise InvalidRequest(bounded(f"JobSpec.policy {shown(cfg.policy)}: {e}")) from e
         with self._lock:
             if self.spec is not None:
                 if self.spec == req.spec:
