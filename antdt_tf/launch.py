@@ -54,7 +54,7 @@ from absl import app, flags
 from antdt_tf import auth, exitcodes
 from antdt_tf.agent.inject import parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
-from antdt_tf.job.spec import (SOURCE_ROOT, JobConfig, check_spec, check_traits,
+from antdt_tf.job.spec import (DEFAULTS, SOURCE_ROOT, JobConfig, check_spec, check_traits,
                                default_namespace, task_port_range, to_proto)
 from antdt_tf.launcher.generate import generate_data
 from antdt_tf.launcher.report import summary_table
@@ -89,9 +89,9 @@ flags.DEFINE_string("master", "", "--backend=agents|kubernetes: host:port of the
                     "default antdt-master.<namespace>.svc.cluster.local:7470, or 127.0.0.1:7470 "
                     "through kubectl port-forward). Every process needs the job's token "
                     "($ANTDT_JOB_TOKEN) when it listens beyond loopback.")
-flags.DEFINE_float("host_timeout_seconds", 10.0, "--backend=agents: a host whose agent was "
-                   "not heard from for this long is lost; its tasks are relaunched on the "
-                   "others.")
+flags.DEFINE_float("host_timeout_seconds", DEFAULTS["host_timeout_seconds"],
+                   "--backend=agents: a host whose agent was not heard from for this long is "
+                   "lost; its tasks are relaunched on the others.")
 flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
 flags.DEFINE_boolean("local_security", True, "--backend=local: give the job a fresh token "
                      "and a throw-away CA (workdir/tls), so every call between its processes "
@@ -117,7 +117,8 @@ flags.DEFINE_enum("mode", "async", ["async", "bsp"], "custom_loop + pull: async 
 flags.DEFINE_enum("data_path", "pull", ["pull", "closure"], "custom_loop only: pull = "
                   "workers lease shards from the master in their tf.data pipeline; closure = "
                   "the coordinator schedules one closure per shard.")
-flags.DEFINE_float("checkpoint_every_seconds", 10.0, "Checkpoint this often (pull and keras).")
+flags.DEFINE_float("checkpoint_every_seconds", DEFAULTS["checkpoint_every_seconds"],
+                   "Checkpoint this often (pull and keras).")
 flags.DEFINE_string("data", "", "Training records (.adtr, see antdt-data). Empty: generate "
                     "--generate_records synthetic Criteo-format records into the workdir.")
 flags.DEFINE_string("eval_data", "", "Held-out records for the final AUC (with --data).")
@@ -144,26 +145,35 @@ flags.DEFINE_boolean("dry_run", False, "Check the whole job (flags, the master's
                      "checks, data, paths, every task's arguments as an agent checks them), "
                      "print what it would run, and exit 0 without starting, creating or "
                      "contacting anything.")
-flags.DEFINE_float("timeout_seconds", 1800, "Give up (exit 1) after this long.")
-flags.DEFINE_integer("max_restarts", 5, "Restarts allowed per task before the job fails.")
+flags.DEFINE_float("timeout_seconds", DEFAULTS["timeout_seconds"],
+                   "Give up (exit 1) after this long.")
+flags.DEFINE_integer("max_restarts", DEFAULTS["max_restarts"],
+                     "Restarts allowed per task before the job fails.")
 flags.DEFINE_boolean("progress", True, "Show the live progress line.")
 flags.DEFINE_string("policy", "antdt-nd", "Controller policy: static (static data sharding, "
                     "no action: the baseline), dynamic (dynamic sharding only, no action), "
                     "backup (dynamic sharding + speculative duplicates of slow workers' "
                     "leases: the backup-workers baseline), antdt-nd (non-dedicated clusters), antdt-dd (dedicated "
                     "clusters), or module:Class for your own (see antdt_tf.controller.policy).")
-flags.DEFINE_float("controller_interval_seconds", 1.0, "How often the policy is asked.")
-flags.DEFINE_float("straggler_window_seconds", 10.0, "Monitor window (see antdt-master).")
-flags.DEFINE_float("straggler_slow_ratio", 1.5, "Monitor: slow = this many times slower than "
-                   "the median worker / the fastest PS.")
-flags.DEFINE_float("straggler_persistent_after_seconds", 30.0, "Monitor: slow episodes "
-                   "longer than this are persistent (or deterministic).")
-flags.DEFINE_float("relaunch_cost_seconds", 15.0, "Cost model: first estimate of a worker "
-                   "relaunch (replaced by the measured time after the first one).")
-flags.DEFINE_float("replace_ps_cost_seconds", 30.0, "Cost model: first estimate of the pause "
-                   "a PS replacement costs (replaced by the measured pause).")
-flags.DEFINE_float("min_gain_seconds", 2.0, "Cost model: act only when the job is expected "
-                   "to finish at least this much sooner.")
+flags.DEFINE_float("controller_interval_seconds", DEFAULTS["controller_interval_seconds"],
+                   "How often the policy is asked.")
+flags.DEFINE_float("straggler_window_seconds", DEFAULTS["straggler_window_seconds"],
+                   "Monitor window (see antdt-master).")
+flags.DEFINE_float("straggler_slow_ratio", DEFAULTS["straggler_slow_ratio"],
+                   "Monitor: slow = this many times slower than the median worker / the "
+                   "fastest PS.")
+flags.DEFINE_float("straggler_persistent_after_seconds",
+                   DEFAULTS["straggler_persistent_after_seconds"],
+                   "Monitor: slow episodes longer than this are persistent (or deterministic).")
+flags.DEFINE_float("relaunch_cost_seconds", DEFAULTS["relaunch_cost_seconds"],
+                   "Cost model: first estimate of a worker relaunch (replaced by the measured "
+                   "time after the first one).")
+flags.DEFINE_float("replace_ps_cost_seconds", DEFAULTS["replace_ps_cost_seconds"],
+                   "Cost model: first estimate of the pause a PS replacement costs (replaced "
+                   "by the measured pause).")
+flags.DEFINE_float("min_gain_seconds", DEFAULTS["min_gain_seconds"],
+                   "Cost model: act only when the job is expected to finish at least this "
+                   "much sooner.")
 
 
 def master_address() -> str:

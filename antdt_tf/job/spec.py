@@ -12,7 +12,9 @@ import pathlib
 
 from antdt_tf import limits
 from antdt_tf.agent.inject import Injection
+from antdt_tf.controller.policy import CostModel
 from antdt_tf.errors import InvalidRequest, shown
+from antdt_tf.monitor.straggler import StragglerConfig
 
 
 TF1_APIS = ("mts", "estimator")
@@ -46,12 +48,13 @@ class JobConfig:
     checkpoint_every_seconds: float = 10.0
     policy: str = "antdt-nd"
     controller_interval_seconds: float = 1.0
-    straggler_window_seconds: float = 10.0
-    straggler_slow_ratio: float = 1.5
-    straggler_persistent_after_seconds: float = 30.0
-    relaunch_cost_seconds: float = 15.0
-    replace_ps_cost_seconds: float = 30.0
-    min_gain_seconds: float = 2.0
+    # the Monitor's and the cost model's own defaults (one home each)
+    straggler_window_seconds: float = StragglerConfig.window_seconds
+    straggler_slow_ratio: float = StragglerConfig.slow_ratio
+    straggler_persistent_after_seconds: float = StragglerConfig.persistent_after_seconds
+    relaunch_cost_seconds: float = CostModel.relaunch_worker_seconds
+    replace_ps_cost_seconds: float = CostModel.replace_ps_seconds
+    min_gain_seconds: float = CostModel.min_gain_seconds
     max_workers: int = 0
     mode: str = "async"
     estimator_python: str = ""
@@ -82,6 +85,11 @@ class JobConfig:
     def tf1(self) -> bool:
         """TF1 between-graph: every worker trains (worker 0 is the chief); no coordinator."""
         return self.api in TF1_APIS
+
+
+# every JobConfig default, by field: the launcher's flags take theirs from here
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobConfig)
+            if f.default is not dataclasses.MISSING}
 
 
 def skips_refused_leases(cfg) -> bool:

@@ -45,6 +45,7 @@ from absl import app, flags
 from antdt_tf import auth, exitcodes
 from antdt_tf.errors import CorruptState, IncompatibleState, StateDirLocked
 from antdt_tf.master.server import MasterServer
+from antdt_tf.monitor.straggler import StragglerConfig
 from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import LeaseConfig, ShardState
 from antdt_tf.sharding.store import FSYNC_MODES, StateStore, open_state
@@ -92,16 +93,18 @@ flags.DEFINE_integer("tf_rpc_port", 0, "With TLS: the plaintext port of the work
 flags.DEFINE_float("tick_seconds", 0.5, "How often leases are checked for expiry and the "
                    "journal synced.")
 
-flags.DEFINE_float("straggler_window_seconds", 10.0, "Monitor: sliding window of step "
-                   "times (workers) and probe latencies (PS) each judgement looks at.")
-flags.DEFINE_float("straggler_slow_ratio", 1.5, "Monitor: a worker is slow when the median "
-                   "worker rate is this many times its own; a PS when its latency is this many "
-                   "times the fastest PS's.")
-flags.DEFINE_float("straggler_persistent_after_seconds", 30.0, "Monitor: a slow episode "
+flags.DEFINE_float("straggler_window_seconds", StragglerConfig.window_seconds,
+                   "Monitor: sliding window of step times (workers) and probe latencies (PS) "
+                   "each judgement looks at.")
+flags.DEFINE_float("straggler_slow_ratio", StragglerConfig.slow_ratio,
+                   "Monitor: a worker is slow when the median worker rate is this many times "
+                   "its own; a PS when its latency is this many times the fastest PS's.")
+flags.DEFINE_float("straggler_persistent_after_seconds",
+                   StragglerConfig.persistent_after_seconds, "Monitor: a slow episode "
                    "shorter than this is transient; longer is persistent (or deterministic when "
                    "the task was never normal).")
-flags.DEFINE_integer("straggler_min_samples", 5, "Monitor: steps/probes in the window before "
-                     "a task is judged.")
+flags.DEFINE_integer("straggler_min_samples", StragglerConfig.min_samples,
+                     "Monitor: steps/probes in the window before a task is judged.")
 flags.DEFINE_string("kubernetes_image", "", "Kubernetes: the antdt-tf image of the job's task "
                     "pods. Set, this master runs jobs submitted with --backend=kubernetes: it "
                     "creates their pods itself (docs/kubernetes.md, deploy/kubernetes/).")
@@ -133,8 +136,6 @@ PROGRAM = "antdt-master"
 
 
 def _straggler_config():
-    from antdt_tf.monitor.straggler import StragglerConfig
-
     try:
         return StragglerConfig(window_seconds=FLAGS.straggler_window_seconds,
                                slow_ratio=FLAGS.straggler_slow_ratio,
@@ -148,8 +149,6 @@ def _job_monitor_settings(view):
     """``on_job`` for JobControl: the submitted job's straggler settings (what
     ``antdt-launch --straggler_*`` says) for the Monitor, except those this master's
     operator gave explicitly (``antdt-master --straggler_*``), which win."""
-    from antdt_tf.monitor.straggler import StragglerConfig
-
     def apply(cfg) -> None:
         mine = _straggler_config()
         values = {}
