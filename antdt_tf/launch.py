@@ -300,7 +300,7 @@ def config_from_flags() -> JobConfig:
         checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
         checkpoint_every_shards=FLAGS.checkpoint_every_shards, audit=FLAGS.audit,
         workdir=workdir, injections=injections, timeout_seconds=FLAGS.timeout_seconds,
-        max_restarts=FLAGS.max_restarts, progress=FLAGS.progress, data_seed=FLAGS.data_seed,
+        max_restarts=FLAGS.max_restarts, data_seed=FLAGS.data_seed,
         policy=policy_name, controller_interval_seconds=FLAGS.controller_interval_seconds,
         straggler_window_seconds=FLAGS.straggler_window_seconds,
         straggler_slow_ratio=FLAGS.straggler_slow_ratio,
@@ -373,17 +373,17 @@ def main(argv):
         if cfg.agents or cfg.backend == "kubernetes":
             from antdt_tf.launcher.follow import follow
 
-            report = follow(cfg, cfg.master)
+            report = follow(cfg, cfg.master, show_progress=FLAGS.progress)
         elif cfg.ray:
             from antdt_tf.launcher.ray_job import run_ray
 
             report = run_ray(dataclasses.replace(cfg, num_hosts=FLAGS.num_hosts),
-                             FLAGS.ray_address)
+                             FLAGS.ray_address, show_progress=FLAGS.progress)
         else:
             from antdt_tf.launcher.follow import run_local
 
             report = run_local(cfg, secure=FLAGS.local_security,
-                               isolate=FLAGS.private_network)
+                               isolate=FLAGS.private_network, show_progress=FLAGS.progress)
     except (RuntimeError, TimeoutError, AntdtError) as e:
         logs = cfg.workdir / ("ray/*/" if cfg.ray else "host*/")
         print(f"antdt-launch: the job failed: {e}\n  logs: {logs}", file=sys.stderr)

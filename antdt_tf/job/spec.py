@@ -41,7 +41,6 @@ class JobConfig:
     injections: tuple[Injection, ...] = ()
     timeout_seconds: float = 1800
     max_restarts: int = 5
-    progress: bool = True
     data_seed: int = 1
     api: str = "custom_loop"
     data_path: str = "pull"
@@ -112,7 +111,7 @@ def place(num_ps: int, num_workers: int, num_hosts: int) -> dict[tuple[str, int]
 
 _ENUMS = {"api": ("custom_loop", "keras", "mts", "estimator"), "mode": ("async", "bsp"),
           "data_path": ("pull", "closure"), "backend": ("local", "agents", "ray", "kubernetes")}
-_SKIP = ("workdir", "injections", "addresses", "progress", "master")
+_SKIP = ("workdir", "injections", "addresses", "master")
 
 
 def to_proto(cfg: JobConfig):

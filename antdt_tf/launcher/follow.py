@@ -147,7 +147,8 @@ class EmbeddedMaster:
                 self.proc.wait()
 
 
-def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = None) -> dict:
+def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = None,
+           show_progress: bool = True) -> dict:
     """Submits ``cfg`` to ``master`` and follows the job to its end; returns the report
     (with the embedded master's own failures and restarts added)."""
     from antdt_tf.data.records import RecordFile
@@ -170,7 +171,7 @@ def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = Non
     seen = 0
     deadline = time.monotonic() + cfg.timeout_seconds + 60
     with ShardingClient(master, timeout=10) as admin, MonitorClient(master) as monitor:
-        progress = ProgressLine(job, admin, monitor, enabled=cfg.progress)
+        progress = ProgressLine(job, admin, monitor, enabled=show_progress)
 
         def event(text: str, **extra) -> dict:
             ev = {"t": round(time.monotonic() - job.t0, 2), "event": text, **extra}
@@ -231,7 +232,8 @@ def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = Non
     return report
 
 
-def run_local(cfg: JobConfig, secure: bool = True, isolate: bool = True) -> dict:
+def run_local(cfg: JobConfig, secure: bool = True, isolate: bool = True,
+              show_progress: bool = True) -> dict:
     """The whole job on this machine: agents for the simulated hosts, the master, the job.
     ``secure``: a fresh job token and a throw-away CA for this run (unless the caller's
     environment has its own), so a local job is authenticated like one across hosts.
@@ -263,7 +265,8 @@ def run_local(cfg: JobConfig, secure: bool = True, isolate: bool = True) -> dict
                                  read_roots=tuple(sorted(data)), network=network)
             try:
                 master.start()
-                return follow(cfg, master.client_address, embedded=master)
+                return follow(cfg, master.client_address, embedded=master,
+                              show_progress=show_progress)
             finally:
                 master.stop()
                 hosts.shutdown()

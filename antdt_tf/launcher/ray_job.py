@@ -123,7 +123,7 @@ def _head_node(nodes: list[dict]) -> dict:
     raise RuntimeError("the Ray cluster has no alive head node")
 
 
-def run_ray(cfg: JobConfig, address: str = "auto") -> dict:
+def run_ray(cfg: JobConfig, address: str = "auto", show_progress: bool = True) -> dict:
     """Submits ``cfg`` to a master actor on the head node of the Ray cluster at
     ``address`` and follows the job to its end; returns the report. ``cfg.num_hosts``
     0: every alive node of the cluster."""
@@ -145,7 +145,8 @@ def run_ray(cfg: JobConfig, address: str = "auto") -> dict:
             master = RayMaster(actor, cfg)
             try:
                 master.start()
-                return follow(cfg, master.address, embedded=master)
+                return follow(cfg, master.address, embedded=master,
+                              show_progress=show_progress)
             finally:
                 master.stop()
                 ray.kill(actor)
