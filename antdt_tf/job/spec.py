@@ -326,4 +326,4 @@ def from_proto(spec) -> JobConfig:
                                      f"{job} address(es), got {len(addresses[job])}: "
                                      f"{shown(addresses[job])}")
     return JobConfig(workdir=pathlib.Path(spec.workdir), injections=injections,
-                     addresses=addresses, progress=False, **kwargs)
+                     addresses=addresses, **kwargs)
