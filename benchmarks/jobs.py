@@ -78,10 +78,10 @@ def wait_for_records(admin, proc, count: int) -> tuple[float, int]:
 def time_to_resume(admin, proc, at_fault: int, fault_at: float) -> dict:
     """After a fault at ``fault_at`` (monotonic) with ``at_fault`` records counted: the
     surviving workers may still report their closures; then the restarted chief
-    restores the last checkpoint (the count drops back to it): training has resumed
-    when the count grows again after that drop. Returns ``resumed_after_s`` (None: not
+    restores the last checkpoint (the count drops back to it): training is going again
+    when the count grows after that drop. Returns ``training_again_after_s`` (None: not
     seen before the job ended) and ``redone_records`` (trained again since that
-    checkpoint)."""
+    checkpoint; the job's own report times regaining them: ``regained_after_s``)."""
     prev, high, low, resumed = at_fault, at_fault, None, None
     while proc.poll() is None and resumed is None:
         try:
@@ -99,7 +99,7 @@ def time_to_resume(admin, proc, at_fault: int, fault_at: float) -> dict:
             resumed = time.monotonic()
         prev = done
         time.sleep(0.05)
-    return {"resumed_after_s": (resumed - fault_at) if resumed else None,
+    return {"training_again_after_s": (resumed - fault_at) if resumed else None,
             "redone_records": (high - low) if low is not None else 0}
 
 

@@ -126,7 +126,7 @@ def main(argv):
     move_data, _ = generate_data(tmp / "move", FLAGS.move_records, 0, seed=2)
     rows = {}
     loss = host_loss(tmp, data, FLAGS.loss_records)
-    print(f"host loss: resumed after {loss['resumed_after_s']}", flush=True)
+    print(f"host loss: training again after {loss['training_again_after_s']}", flush=True)
     for backend in FLAGS.backends:
         for policy in ("static", "antdt-nd"):
             rows[backend, policy] = scenario2(tmp, data, backend, policy)
@@ -145,9 +145,9 @@ def main(argv):
              "| what | value |", "|---|---|",
              f"| records | {r['records']:,} (2 PS + 2 workers, h0 = chief + ps:0 + worker:1) |",
              f"| killed at | {loss['at_kill']:,} records done |",
-             f"| kill -> the master counts new records | "
-             f"{loss['resumed_after_s']:.1f} s |" if loss["resumed_after_s"] else
-             "| kill -> the master counts new records | (not seen) |",
+             f"| kill -> training again (the count grows after the restore) | "
+             f"{loss['training_again_after_s']:.1f} s |" if loss["training_again_after_s"] else
+             "| kill -> training again (the count grows after the restore) | (not seen) |",
              *recovery_rows(loss), "",
              "## Scenario 2 (persistent worker straggler) per backend", ""]
     lines += scenario2_table(rows, FLAGS.backends)

@@ -105,7 +105,7 @@ def main(argv):
     netns.job_security(tmp / "tls", os.environ.__setitem__)
     data, _ = generate_data(tmp, max(FLAGS.records, FLAGS.loss_records), 0, seed=1)
     loss = node_loss(tmp, data, FLAGS.loss_records)
-    print(f"node loss: resumed after {loss['resumed_after_s']}", flush=True)
+    print(f"node loss: training again after {loss['training_again_after_s']}", flush=True)
     rows = {}
     for backend in FLAGS.backends:
         for policy in ("static", "antdt-nd"):
@@ -113,7 +113,7 @@ def main(argv):
             print(backend, policy, rows[backend, policy]["jct_seconds"], flush=True)
 
     r = loss["report"]
-    resumed = (f"{loss['resumed_after_s']:.1f} s" if loss["resumed_after_s"] is not None
+    resumed = (f"{loss['training_again_after_s']:.1f} s" if loss["training_again_after_s"] is not None
                else "(not seen)")
     lines = [f"# Ray backend runs ({time.strftime('%Y-%m-%d')}, "
              "`python -m benchmarks.ray_backend`)", "",
@@ -127,7 +127,7 @@ def main(argv):
              f"| records | {r['records']:,} (2 PS + 3 workers on h0, h1, h2) |",
              f"| node h1 removed at | {loss['at_loss']:,} records done |",
              f"| its tasks (declared host lost) | {', '.join(loss['on_lost']) or '-'} |",
-             f"| removal -> the master counts new records | {resumed} |",
+             f"| removal -> training again (the count grows after the restore) | {resumed} |",
              *recovery_rows(loss), "",
              "## Scenario 2 (persistent worker straggler) per backend", ""]
     lines += scenario2_table(rows, FLAGS.backends)
