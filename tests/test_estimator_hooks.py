@@ -106,11 +106,20 @@ def test_a_worker_sigkill_mid_shard_loses_nothing_and_repeats_at_most_one_batch(
         wait_until(lambda: done_shards(admin) >= 12 and any(
             t.task.index == 1 and t.doing_shards for t in admin.progress("train").tasks),
             120, "12 shards and worker 1 holding one")
+        old = next(t.task.incarnation for t in admin.progress("train").tasks
+                   if t.task.index == 1)
         job.kill("worker", 1)               # its lease stays DOING
         # (a lease finished and reported just before the kill leaves none: CI saw it)
         held_at_kill = any(t.task.index == 1 and t.doing_shards
                            for t in admin.progress("train").tasks)
+        # no new lease until the relaunched worker asks: on a busy machine its TF start
+        # took so long that the others had trained everything (nothing left to prove)
+        admin.set_paused("train", True)
         job.start_worker(1)                 # relaunched: a new incarnation takes it back
+        wait_until(lambda: any(t.task.index == 1 and t.task.incarnation != old
+                               for t in admin.progress("train").tasks),
+                   120, "the relaunched worker 1 to ask for a lease")
+        admin.set_paused("train", False)
         report = job.wait_workers(240)
         tasks = {t.task.index: t for t in admin.progress("train").tasks}
     a = report["audit"]
