@@ -33,7 +33,8 @@ deleted by someone else is ``KILLED``, and a pod the scheduler cannot place for
 
 What it cannot do: slow a task down or signal its process (no fault injection on a
 cluster: ``capabilities.fault_injection`` is False); a task's pid is not known (its
-``uid`` is the pod's).
+``uid`` is the pod's). The watch cache is ``k8s_informer``, the settings and the API
+client ``k8s_settings``.
 """
 
 from __future__ import annotations
@@ -43,17 +44,17 @@ import dataclasses
 import json
 import logging
 import math
-import os
-import re
 import threading
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 from antdt_tf.agent.client import start_request
 from antdt_tf.agent.programs import PathPolicy, command_for
 from antdt_tf.backends.base import (Capabilities, ClusterBackend, Failure, FailureKind, Host,
                                     TaskInfo, TaskName, TaskSpec, TaskState, admit_launch,
                                     latest, refuse_fenced_stop, refuse_unknown_stop)
+from antdt_tf.backends.k8s_informer import Informer
+from antdt_tf.backends.k8s_settings import PORT_OFFSETS, KubernetesSettings, api_client
 from antdt_tf.errors import InvalidRequest, StaleGeneration, Unschedulable
 from antdt_tf.proto import cluster_pb2 as cpb
 
@@ -65,78 +66,7 @@ L_JOB, L_ROLE, L_INDEX, L_GENERATION = (f"{GROUP}/job", f"{GROUP}/role", f"{GROU
 A_HOST, A_STOP = f"{GROUP}/host", f"{GROUP}/stop-requested"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 POD_IP_ENV = "ANTDT_POD_IP"
-_JOB_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,28}[a-z0-9])?\Z")
-PORT_OFFSETS = {"ps": 0, "worker": 200, "chief": 400}     # distinct_ports: 200 of each
 _ROLE_SHORT = {"ps": "ps", "worker": "worker", "chief": "chief", "master": "master"}
-
-
-@dataclasses.dataclass(frozen=True)
-class KubernetesSettings:
-    """How the master creates the job's pods (``antdt-master --kubernetes_*``).
-
-    ``job``: the job's name in the namespace (a DNS label part, at most 30 characters);
-    ``image``: the antdt-tf image every task runs; ``volume_claim``: the PVC mounted in
-    every task pod at ``mount_path`` (the job's data, checkpoints and logs: every path a
-    task is given must lie under it); ``token_secret``: the Secret (key ``token``) task
-    pods take ``ANTDT_JOB_TOKEN`` from; ``tls_secret``: the Secret (``job.crt``,
-    ``job.key``, ``ca.crt``: ``auth.make_job_ca``'s files) mounted when the job uses TLS; ``node_selector``: the nodes
-    that are the job's hosts (e.g. a node pool's label); ``distinct_ports``: every task
-    its own port (``tf_port`` + ``PORT_OFFSETS[role]`` + index) instead of ``tf_port``
-    for all, for pods that share one network (``hostNetwork`` pods, the test fake)."""
-    namespace: str
-    job: str = "antdt"
-    image: str = "antdt-tf:latest"
-    image_pull_policy: str = "IfNotPresent"
-    service_account: str = "antdt-task"
-    volume_claim: str = ""
-    mount_path: str = "/antdt"
-    token_secret: str = ""
-    tls_secret: str = ""
-    tls_server_name: str = ""
-    tf_port: int = 2222
-    distinct_ports: bool = False
-    cluster_domain: str = "cluster.local"
-    node_selector: tuple = ()            # ((label, value), ...)
-    cpu_request: str = ""
-    memory_request: str = ""
-    termination_grace_seconds: int = 30
-    unschedulable_seconds: float = 60.0
-    resync_seconds: float = 300.0
-
-    def __post_init__(self):
-        if not self.namespace:
-            raise ValueError("the Kubernetes backend needs a namespace")
-        if not _JOB_NAME.match(self.job):
-            raise ValueError(f"job name {self.job!r} must be lower-case letters, digits and "
-                             "'-', at most 30 characters, starting and ending alphanumeric "
-                             "(it is part of every pod's and Service's DNS name)")
-        if not 1 <= self.tf_port <= 65535 - (600 if self.distinct_ports else 0):
-            raise ValueError(f"tf_port must be a TCP port, got {self.tf_port}")
-        if not os.path.isabs(self.mount_path):
-            raise ValueError(f"mount_path must be absolute, got {self.mount_path!r}")
-
-
-def in_cluster_namespace() -> str:
-    """The namespace of the pod this process runs in ('' outside a cluster)."""
-    path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def api_client(kubeconfig: str = ""):
-    """A ``kubernetes.client.ApiClient``: in-cluster (the pod's service account) when
-    running in a pod and no kubeconfig is named, else from ``kubeconfig`` (default: the
-    usual ``~/.kube/config`` / ``$KUBECONFIG``)."""
-    from kubernetes import client, config
-
-    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    return config.new_client_from_config(config_file=kubeconfig or None)
 
 
 def _unix(stamp) -> float:
@@ -145,13 +75,6 @@ def _unix(stamp) -> float:
     if hasattr(stamp, "timestamp"):
         return stamp.timestamp()
     return float(calendar.timegm(time.strptime(str(stamp)[:19], "%Y-%m-%dT%H:%M:%S")))
-
-
-def _rv(obj: dict) -> int:
-    try:
-        return int(obj["metadata"].get("resourceVersion") or 0)
-    except (TypeError, ValueError):
-        return 0
 
 
 def _node_ready(node: Optional[dict]) -> bool:
@@ -178,154 +101,6 @@ def memory_quantity(n: int) -> str:
     return f"{n >> 20}Mi" if n % (1 << 20) == 0 else str(n)
 
 
-class _Informer:
-    """A list-then-watch cache of one kind of object, like client-go's informer: resumes
-    the watch from the last resource version after a dropped connection, relists after
-    ``410 Gone`` and every ``resync_seconds``. ``on_delete`` keeps what a deleted object
-    was (the backend's tombstones)."""
-
-    def __init__(self, name: str, list_fn: Callable, kwargs: dict, resync_seconds: float,
-                 on_delete: Optional[Callable[[dict], None]] = None,
-                 watch_seconds: int = 60):
-        self.name, self.list_fn, self.kwargs = name, list_fn, kwargs
-        self.resync_seconds, self.on_delete = resync_seconds, on_delete
-        self.watch_seconds = watch_seconds
-        self.lock = threading.Lock()
-        self.objects: dict[str, dict] = {}
-        self.rv = ""
-        self.synced_at = 0.0
-        self.relists = 0                  # for tests and the log: how often it relisted
-        self.resumes = 0                  # watches resumed from a resource version
-        self._stop = threading.Event()
-        self._watch = None
-        self.relist()
-        self._thread = threading.Thread(target=self._run, name=f"antdt-k8s-{name}",
-                                        daemon=True)
-        self._thread.start()
-
-    def relist(self) -> None:
-        resp = self.list_fn(**self.kwargs, _preload_content=False)
-        body = json.loads(resp.data)
-        with self.lock:
-            new = {o["metadata"]["name"]: o for o in body.get("items") or []}
-            for name, old in self.objects.items():
-                if name not in new and self.on_delete is not None:
-                    self.on_delete(old)
-            self.objects = new
-            self.rv = (body.get("metadata") or {}).get("resourceVersion", "")
-            self.synced_at = time.monotonic()
-            self.relists += 1
-
-    def put(self, obj: dict) -> None:
-        """An object this process just wrote (newer than the cache unless a newer event
-        arrived first)."""
-        with self.lock:
-            name = obj["metadata"]["name"]
-            old = self.objects.get(name)
-            if old is None or _rv(obj) >= _rv(old):
-                self.objects[name] = obj
-
-    def get(self, name: str) -> Optional[dict]:
-        with self.lock:
-            return self.objects.get(name)
-
-    def all(self) -> list[dict]:
-        with self.lock:
-            return list(self.objects.values())
-
-    def _apply(self, kind: str, obj: dict) -> None:
-        name = obj["metadata"]["name"]
-        with self.lock:
-            if kind == "DELETED":
-                old = self.objects.pop(name, None)
-                if self.on_delete is not None:
-                    self.on_delete(obj if old is None or _rv(obj) >= _rv(old) else old)
-            elif kind in ("ADDED", "MODIFIED"):
-                old = self.objects.get(name)
-                if old is None or _rv(obj) >= _rv(old):
-                    self.objects[name] = obj
-            rv = obj["metadata"].get("resourceVersion")
-            if rv:
-                self.rv = rv
-
-    def _run(self) -> None:
-        from kubernetes.client.rest import ApiException
-
-        while not self._stop.is_set():
-            try:
-                if time.monotonic() - self.synced_at > self.resync_seconds:
-                    self.relist()
-                if self._watch_once():
-                    self.relist()            # 410 Gone: what we saw is compacted away
-                else:
-                    self.resumes += 1
-            except ApiException as e:
-                if self._stop.is_set():
-                    return
-                if e.status == 410:
-                    self._relist_quietly()
-                else:
-                    log.warning("[k8s] %s watch failed (%s); retrying", self.name, e.status)
-                    self._stop.wait(1.0)
-            except Exception as e:  # noqa: BLE001 (a dropped connection: resume)
-                if self._stop.is_set():
-                    return
-                log.info("[k8s] %s watch dropped (%s); resuming from %s", self.name,
-                         type(e).__name__, self.rv)
-                self._stop.wait(0.2)
-
-    def _watch_once(self) -> bool:
-        """One watch request from ``self.rv`` until it ends; True when the server said
-        the version is gone (410). The raw stream, not ``kubernetes.watch.Watch``: its
-        retry and error handling assume deserialized events."""
-        from kubernetes.watch.watch import iter_resp_lines
-
-        resp = self.list_fn(**self.kwargs, watch=True, resource_version=self.rv,
-                            timeout_seconds=self.watch_seconds, allow_watch_bookmarks=True,
-                            _preload_content=False)
-        self._watch = resp
-        try:
-            for line in iter_resp_lines(resp):
-                if self._stop.is_set():
-                    return False
-                if not line:
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        return True
-                    log.warning("[k8s] %s watch: %s", self.name, obj.get("message"))
-                    return False
-                if kind == "BOOKMARK":
-                    with self.lock:
-                        self.rv = obj["metadata"].get("resourceVersion") or self.rv
-                    continue
-                self._apply(kind, obj)
-            return False
-        finally:
-            self._watch = None
-            resp.close()
-            resp.release_conn()
-
-    def _relist_quietly(self) -> None:
-        try:
-            self.relist()
-        except Exception as e:  # noqa: BLE001
-            log.warning("[k8s] %s relist failed: %s", self.name, e)
-            self._stop.wait(1.0)
-
-    def close(self) -> None:
-        self._stop.set()
-        resp = self._watch
-        if resp is not None:
-            try:
-                resp.shutdown()       # ends the blocked read of the stream
-            except Exception:  # noqa: BLE001 (already closed)
-                pass
-        self._thread.join(timeout=5)
-
-
 class KubernetesBackend(ClusterBackend):
     """The tasks of one job (``settings.job``) as pods in ``settings.namespace``."""
 
@@ -348,13 +123,13 @@ class KubernetesBackend(ClusterBackend):
         self.paths = PathPolicy((s.mount_path,), (s.mount_path,))
         self._anchor = self._job_anchor()
         selector = f"{L_JOB}={s.job}"
-        self.pods = _Informer("pods", self.core.list_namespaced_pod,
+        self.pods = Informer("pods", self.core.list_namespaced_pod,
                               {"namespace": s.namespace, "label_selector": selector},
                               s.resync_seconds, self._on_pod_deleted, watch_seconds)
         node_kwargs = {}
         if s.node_selector:
             node_kwargs["label_selector"] = ",".join(f"{k}={v}" for k, v in s.node_selector)
-        self.nodes = _Informer("nodes", self.core.list_node, node_kwargs, s.resync_seconds,
+        self.nodes = Informer("nodes", self.core.list_node, node_kwargs, s.resync_seconds,
                                None, watch_seconds)
 
     # ------------------------------------------------------------------ names

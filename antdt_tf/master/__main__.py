@@ -180,8 +180,8 @@ def _backend_factories() -> dict:
     ones (``{"kubernetes": factory}`` when configured)."""
     if not FLAGS.kubernetes_image:
         return {}
-    from antdt_tf.backends.kubernetes import (KubernetesBackend, KubernetesSettings,
-                                              in_cluster_namespace)
+    from antdt_tf.backends.k8s_settings import KubernetesSettings, in_cluster_namespace
+    from antdt_tf.backends.kubernetes import KubernetesBackend
 
     selector = []
     for item in FLAGS.kubernetes_node_selector:
