@@ -238,8 +238,13 @@ def main(argv):
         lines += ["", "Reproduce: `make bench-scenarios BENCH_ARGS=--smoke` (= `python -m "
                   "benchmarks.scenarios --smoke`)."]
     else:
-        lines += ["", "Reproduce: `make bench-scenarios` (= `python -m benchmarks.scenarios "
-                  f"--records={FLAGS.records} --ps_records={FLAGS.ps_records}`)."]
+        named = "".join(f" --{name}={','.join(v) if isinstance(v, list) else v}"
+                        for name in ("records", "ps_records", "scenarios", "policies",
+                                     "rounds", "out")
+                        if (v := FLAGS[name].value) != FLAGS[name].default)
+        command = f"python -m benchmarks.scenarios{named}"
+        lines += ["", f"Reproduce: `{command}`" + (" (= `make bench-scenarios`)."
+                                                   if not named else ".")]
     write_table(str(out), lines, smoke=FLAGS.smoke)
 
 
