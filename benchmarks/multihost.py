@@ -118,7 +118,7 @@ def main(argv):
     ok, why = netns.available()
     if not ok:
         raise app.UsageError(f"this benchmark needs network namespaces: {why}")
-    from antdt_tf.launch import generate_data
+    from antdt_tf.launcher.generate import generate_data
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="antdt-multihost-"))
     netns.job_security(tmp / "tls", os.environ.__setitem__)

@@ -99,7 +99,7 @@ def node_loss(tmp: pathlib.Path, data: str, records: int) -> dict:
 
 def main(argv):
     del argv
-    from antdt_tf.launch import generate_data
+    from antdt_tf.launcher.generate import generate_data
 
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="antdt-ray-bench-"))
     netns.job_security(tmp / "tls", os.environ.__setitem__)

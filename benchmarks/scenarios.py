@@ -57,7 +57,8 @@ import time
 
 from absl import app, flags
 
-from antdt_tf.launch import generate_data   # also defines --batch_size (used here too)
+import antdt_tf.launch  # noqa: F401  (defines --batch_size, used here too)
+from antdt_tf.launcher.generate import generate_data
 from benchmarks.results_table import absl_smoke, smoke_argv, write_table
 
 FLAGS = flags.FLAGS
