@@ -137,9 +137,10 @@ _INT_RANGES = {
     "max_workers": (0, limits.MAX_JOB_WORKERS), "num_hosts": (1, limits.MAX_JOB_HOSTS),
     "epochs": (1, limits.MAX_EPOCHS), "batch_size": (1, limits.MAX_BATCH_SIZE),
     "records_per_shard": (1, 2**31 - 1), "buckets": (1, limits.MAX_JOB_BUCKETS),
-    "checkpoint_every_shards": (0, 2**31 - 1), "max_restarts": (0, limits.MAX_RESTARTS),
+    "checkpoint_every_shards": (1, 2**31 - 1), "max_restarts": (0, limits.MAX_RESTARTS),
     "data_seed": (-2**31, 2**31 - 1)}
-_POSITIVE = ("learning_rate", "timeout_seconds")
+_POSITIVE = ("learning_rate", "timeout_seconds", "controller_interval_seconds",
+             "checkpoint_every_seconds")
 _STRING_LISTS = ("chief_addresses", "ps_addresses", "worker_addresses")
 
 
@@ -234,16 +235,8 @@ def _check_combinations(spec) -> None:
                 raise InvalidRequest(f"JobSpec.api={spec.api}: injection {i.kind}:{i.job}:"
                                      f"{i.index} is not supported (kill:worker:0 kills the "
                                      "chief; kill:master, kill:worker and slow:worker work)")
-        if spec.policy == "static":
-            raise InvalidRequest(f"JobSpec.api={spec.api}: JobSpec.policy=static (static "
-                                 "sharding) needs JobSpec.api=custom_loop")
     if spec.policy in PRESETS:      # a user's policy: where it is loaded (check_traits)
         check_traits(spec, PolicyTraits.of(PRESETS[spec.policy]()))
-    if not spec.controller_interval_seconds > 0:
-        raise InvalidRequest("JobSpec.controller_interval_seconds must be > 0")
-    if not spec.checkpoint_every_seconds > 0 or spec.checkpoint_every_shards < 1:
-        raise InvalidRequest("JobSpec.checkpoint_every_seconds must be > 0 and "
-                             "JobSpec.checkpoint_every_shards >= 1")
 
 
 def check_traits(spec, traits) -> None:
