@@ -56,7 +56,7 @@ from antdt_tf.agent.inject import parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
 from antdt_tf.job.spec import (DEFAULTS, SOURCE_ROOT, JobConfig, check_spec, check_traits,
                                default_namespace, task_port_range, to_proto)
-from antdt_tf.launcher.generate import generate_data
+from antdt_tf.launcher.generate import generate_data, generated_paths
 from antdt_tf.launcher.report import summary_table
 
 FLAGS = flags.FLAGS
@@ -186,8 +186,6 @@ def master_address() -> str:
 def config_from_flags() -> JobConfig:
     if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
         raise app.UsageError("--num_ps and --num_workers must be >= 1")
-    if not FLAGS.learning_rate > 0:
-        raise app.UsageError("--learning_rate must be > 0")
     if FLAGS.num_hosts < 0:
         raise app.UsageError("--num_hosts must be >= 0")
     if FLAGS.backend == "agents":
@@ -221,9 +219,6 @@ def config_from_flags() -> JobConfig:
                 raise app.UsageError(f"--task_ports: {e}") from e
     elif FLAGS.ray_namespace or FLAGS.task_ports:
         raise app.UsageError("--ray_namespace and --task_ports go with --backend=ray")
-    for name in ("epochs", "batch_size", "records_per_shard", "buckets"):
-        if getattr(FLAGS, name) < 1:
-            raise app.UsageError(f"--{name} must be >= 1")
     try:
         injections = tuple(parse_injection(t, FLAGS.num_ps, FLAGS.num_workers,
                                            FLAGS.max_workers) for t in FLAGS.inject)
@@ -317,27 +312,23 @@ def config_from_flags() -> JobConfig:
         check_traits(spec, traits)     # a user's policy too (the presets: in check_spec)
     except InvalidRequest as e:
         raise app.UsageError(str(e).replace("JobSpec.", "--")) from e
-    if FLAGS.dry_run:
+    if FLAGS.dry_run:     # nothing is created: where the job's files would go
         workdir = workdir or pathlib.Path(tempfile.gettempdir()).resolve() / "antdt-job-NEW"
-        if not data:      # where generate_data would write them
-            data = str(workdir / "data" / "train.adtr")
-            eval_data = str(workdir / "data" / "eval.adtr") if FLAGS.eval_records else ""
-        return dataclasses.replace(cfg, workdir=workdir, data=data, eval_data=eval_data,
-                                   checkpoint_dir=str(pathlib.Path(FLAGS.checkpoint_dir)
-                                                      .resolve()) if FLAGS.checkpoint_dir
-                                   else str(workdir / "checkpoints"))
-    try:
-        if workdir is None:
-            workdir = pathlib.Path(tempfile.mkdtemp(prefix="antdt-job-")).resolve()
-        if not remote:        # the master creates the workdir on the job's volume
-            workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise app.UsageError(f"--workdir={workdir} cannot be created: {e.strerror}") from e
-    if not data:
-        print(f"generating {FLAGS.generate_records:,} + {FLAGS.eval_records:,} synthetic "
-              f"records into {workdir / 'data'}", file=sys.stderr)
-        data, eval_data = generate_data(workdir, FLAGS.generate_records, FLAGS.eval_records,
-                                        FLAGS.data_seed)
+        if not data:
+            data, eval_data = generated_paths(workdir, FLAGS.eval_records)
+    else:
+        try:
+            if workdir is None:
+                workdir = pathlib.Path(tempfile.mkdtemp(prefix="antdt-job-")).resolve()
+            if not remote:        # the master creates the workdir on the job's volume
+                workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise app.UsageError(f"--workdir={workdir} cannot be created: {e.strerror}") from e
+        if not data:
+            print(f"generating {FLAGS.generate_records:,} + {FLAGS.eval_records:,} synthetic "
+                  f"records into {workdir / 'data'}", file=sys.stderr)
+            data, eval_data = generate_data(workdir, FLAGS.generate_records,
+                                            FLAGS.eval_records, FLAGS.data_seed)
     ckpt = str(pathlib.Path(FLAGS.checkpoint_dir).resolve()) if FLAGS.checkpoint_dir else str(
         workdir / "checkpoints")
     return dataclasses.replace(cfg, workdir=workdir, data=data, eval_data=eval_data,
