@@ -223,3 +223,19 @@ def test_data_cli_generates_a_held_out_part_of_the_same_dataset(tmp_path):
         res = run("--mode=generate", f"--output={tmp_path / 'o.adtr'}", *flags)
         assert res.returncode == 2 and words in res.stderr, res.stderr
     assert not (tmp_path / "o.adtr").exists() and not (tmp_path / "x.adtr").exists()
+
+
+def test_records_between_is_the_same_slice_of_one_dataset_from_any_block():
+    """The held-out part starts in a later block: it is made from that block's own seed
+    (the blocks before are not drawn), and equals the slice of the whole dataset."""
+    from antdt_tf.data import criteo
+
+    spec = criteo.SyntheticSpec(2 * criteo.BLOCK_RECORDS + 5_000, seed=6)
+    whole = list(criteo.generate(spec))
+    labels = np.concatenate([b.label for b in whole])
+    sparse = np.concatenate([b.sparse for b in whole])
+    for lo, hi in ((0, 10), (criteo.BLOCK_RECORDS - 3, criteo.BLOCK_RECORDS + 3),
+                   (criteo.BLOCK_RECORDS + 100, spec.num_records)):
+        part = list(criteo.records_between(spec, lo, hi))
+        assert (np.concatenate([b.label for b in part]) == labels[lo:hi]).all(), (lo, hi)
+        assert (np.concatenate([b.sparse for b in part]) == sparse[lo:hi]).all(), (lo, hi)

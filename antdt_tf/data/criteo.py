@@ -81,6 +81,9 @@ class _HiddenModel:
         return self.bias + d @ self.dense_w + np.where(hot, w, 0.0).sum(axis=1)
 
 
+BLOCK_RECORDS = 65_536     # records drawn from one seed (a block of generate())
+
+
 def _id_of(rank: np.ndarray, feature: int, vocab: int, seed: int) -> np.ndarray:
     """Maps a popularity rank to a stable 32-bit hash id (what Criteo ships as hex)."""
     x = (rank.astype(np.uint64) + np.uint64(feature * 1_000_003 + seed * 7919)) * np.uint64(
@@ -89,10 +92,13 @@ def _id_of(rank: np.ndarray, feature: int, vocab: int, seed: int) -> np.ndarray:
     return (x & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
-def generate(spec: SyntheticSpec, block: int = 65_536) -> Iterator[Batch]:
-    """Yields the dataset in blocks; identical for identical specs."""
+def generate(spec: SyntheticSpec, block: int = BLOCK_RECORDS, start: int = 0
+             ) -> Iterator[Batch]:
+    """Yields the dataset in blocks; identical for identical specs. ``start``: from the
+    block that holds that record on (each block is drawn from its own seed, so the ones
+    before need not be made)."""
     model = _HiddenModel(spec)
-    for first in range(0, spec.num_records, block):
+    for first in range(start - start % block, spec.num_records, block):
         n = min(block, spec.num_records - first)
         rng = np.random.default_rng([spec.seed, 2, first])
         dense = np.floor(rng.lognormal(1.0, 1.3, (n, NUM_DENSE))).astype(np.float32)
@@ -114,8 +120,8 @@ def generate(spec: SyntheticSpec, block: int = 65_536) -> Iterator[Batch]:
 def records_between(spec: SyntheticSpec, lo: int, hi: int) -> Iterator[Batch]:
     """Records ``lo`` to ``hi`` of the dataset, in blocks: a training part and a
     held-out part of one dataset (one hidden model) without holding it all."""
-    first = 0
-    for b in generate(spec):
+    first = lo - lo % BLOCK_RECORDS
+    for b in generate(spec, BLOCK_RECORDS, start=lo):
         a, z = max(lo - first, 0), min(hi - first, len(b))
         if a < z:
             yield Batch(b.label[a:z], b.dense[a:z], b.sparse[a:z])
