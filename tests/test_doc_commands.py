@@ -154,13 +154,12 @@ def sandbox(tmp_path_factory):
     from antdt_tf.launcher.generate import generate_data
 
     env = dict(os.environ)
-    tls = auth.make_job_ca(str(base / "tls"), hosts=["127.0.0.1"], days=1)
+    auth.make_job_ca(str(base / "tls"), hosts=["127.0.0.1"], days=1)
     env.update({"ANTDT_JOB_TOKEN": "0" * 64, "RAY_AUTH_TOKEN": "docs-test",
                 "ANTDT_TLS_CERT": str(base / "tls" / "job.crt"),
                 "ANTDT_TLS_KEY": str(base / "tls" / "job.key"),
                 "ANTDT_TLS_CA": str(base / "tls" / "ca.crt"),
                 "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}"})
-    del tls
     train, held_out = generate_data(base / "gen", 4096, 1024, seed=0)
     for _, argv, _ in COMMANDS:
         for arg in argv:

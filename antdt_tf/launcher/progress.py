@@ -7,6 +7,7 @@ import time
 from typing import Optional
 
 from antdt_tf.errors import AntdtError
+from antdt_tf.sharding.client import leasing_started
 
 
 def slow_marks(health) -> dict[str, str]:
@@ -57,8 +58,7 @@ class ProgressLine:
             status = self.monitor.status()
         except AntdtError:
             return self.records    # master restarting: keep the last numbers
-        self.started = self.started or bool(p.doing_shards or p.done_shards or p.epoch
-                                            or p.finished)
+        self.started = self.started or leasing_started(p)
         self.finished = p.finished
         total_shards = p.shards_per_epoch * p.num_epochs
         if self.total is None and p.records_per_epoch:   # the data is not readable here

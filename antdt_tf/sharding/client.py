@@ -259,6 +259,13 @@ class HeldLeaseKeeper:
         self.stop()
 
 
+def leasing_started(dataset: pb.DatasetProgress) -> bool:
+    """Whether the dataset's first shard was leased (training has begun): what starts a
+    job's clock and its injections."""
+    return bool(dataset.doing_shards or dataset.done_shards or dataset.epoch
+                or dataset.finished)
+
+
 def worker_split(progress: pb.GetProgressResponse) -> tuple[list[int], list[int]]:
     """``(shards, records)`` per worker index 0..n-1 from ``GetProgress``: what the master
     counted from each worker's own reports (0 for an index it never heard from)."""

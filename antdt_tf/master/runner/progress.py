@@ -9,6 +9,7 @@ import sys
 import time
 
 from antdt_tf.errors import AntdtError
+from antdt_tf.sharding.client import leasing_started
 
 LOG_EVERY = 10.0      # seconds between progress lines in the master's log
 
@@ -36,8 +37,7 @@ class JobProgress:
             workers = self.monitor.status().trainer.workers
         except AntdtError:
             return self.records    # master restarting: keep the last numbers
-        self.started = self.started or bool(p.doing_shards or p.done_shards or p.epoch
-                                            or p.finished)
+        self.started = self.started or leasing_started(p)
         self.finished = p.finished
         self.records = p.records_done_total
         job = self.job
