@@ -230,8 +230,11 @@ def _tf1_trainer(args: cpb.Tf1TrainerArgs, paths: PathPolicy, estimator: bool) -
                         ("PYTHONPATH", str(SOURCE_ROOT))), estimator=True)
 
 
-def _probe(args: cpb.ProbeTaskArgs, paths: PathPolicy) -> Command:
-    argv = [_flag("endpoint", _address("probe.endpoint", args.endpoint, required=False))]
+def _probe(args: cpb.ProbeTaskArgs, paths: PathPolicy, bind_host: str = "") -> Command:
+    endpoint = _address("probe.endpoint", args.endpoint, required=False)
+    if endpoint and bind_host:
+        endpoint = f"{bind_host}:{endpoint.rsplit(':', 1)[1]}"
+    argv = [_flag("endpoint", endpoint)]
     if args.name:
         if len(args.name) > 128 or "\0" in args.name:
             raise InvalidRequest("probe.name must be at most 128 characters")
@@ -259,8 +262,13 @@ _BUILDERS: dict[int, tuple[str, Callable]] = {
 PROGRAM_NAMES = tuple(cpb.Program.Name(p) for p in _BUILDERS)
 
 
-def command_for(req: cpb.StartTaskRequest, paths: PathPolicy) -> Command:
-    """The command line of a start request, or InvalidRequest saying what is wrong."""
+def command_for(req: cpb.StartTaskRequest, paths: PathPolicy, bind_host: str = "") -> Command:
+    """The command line of a start request, or InvalidRequest saying what is wrong.
+
+    ``bind_host``: where a task that serves a port binds when that is not the host of its
+    advertised endpoint -- a pod binds its own IP (Kubernetes expands ``$(ANTDT_POD_IP)``
+    in a container's args), not the Service name it is reached by. Every backend builds
+    its command here, so this is the one place a task's start-up is written."""
     entry = _BUILDERS.get(req.program)
     if entry is None:
         raise InvalidRequest(f"unknown program {req.program}; an agent runs only "
@@ -270,7 +278,9 @@ def command_for(req: cpb.StartTaskRequest, paths: PathPolicy) -> Command:
     if given != field:
         raise InvalidRequest(f"{cpb.Program.Name(req.program)} takes its arguments in "
                              f"'{field}', got {given or 'none'}")
-    command = build(getattr(req, field), paths)
+    args = getattr(req, field)
+    command = (build(args, paths, bind_host) if req.program == cpb.PROBE_TASK
+               else build(args, paths))
     if any("\0" in a or len(a) > 1_000_000 for a in command.argv):
         raise InvalidRequest("an argument is not usable (NUL byte or over 1 MB)")
     return command

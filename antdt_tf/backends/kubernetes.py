@@ -385,15 +385,12 @@ class KubernetesBackend(ClusterBackend):
         name = spec.name
         request = start_request(name.job, name.index, spec.program, spec.args,
                                 name.generation, spec.endpoint, spec.memory_limit_bytes)
-        if request.WhichOneof("args") == "probe" and request.probe.endpoint:
-            # a probe binds its address; a pod's is its own IP (the Service name is not)
-            request.probe.endpoint = f"0.0.0.0:{request.probe.endpoint.rsplit(':', 1)[1]}"
-        command = command_for(request, self.paths)    # typed: every flag written here
+        # a task that serves binds the pod's own IP (the Service name is not the pod's)
+        command = command_for(request, self.paths, bind_host=f"$({POD_IP_ENV})")
         if command.estimator:
             raise InvalidRequest("TF1 Estimator tasks need the TF 2.15 image; the Kubernetes "
                                  "backend runs TF 2.21 programs only for now")
-        argv = [a.replace("--endpoint=0.0.0.0:", f"--endpoint=$({POD_IP_ENV}):")
-                for a in command.argv]
+        argv = list(command.argv)
         env = [{"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}]
         env += [{"name": k, "value": v} for k, v in command.env]
