@@ -42,7 +42,6 @@ process; docs/cli-exit-codes.md).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -54,20 +53,22 @@ from absl import app, flags
 from antdt_tf import auth, exitcodes
 from antdt_tf.agent.inject import parse_injection
 from antdt_tf.errors import AntdtError, InvalidRequest
-from antdt_tf.job.spec import (DEFAULTS, SOURCE_ROOT, JobConfig, check_spec, check_traits,
-                               default_namespace, task_port_range, to_proto)
+from antdt_tf.job.spec import (CHOICES, DEFAULTS, SOURCE_ROOT, Job, check_traits,
+                               default_namespace, new_spec, task_port_range, validate)
 from antdt_tf.launcher.generate import generate_data, generated_paths
 from antdt_tf.launcher.report import summary_table
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("num_ps", 2, "Parameter server tasks.")
-flags.DEFINE_integer("num_workers", 3, "Worker tasks at the start.")
-flags.DEFINE_integer("max_workers", 0, "Worker slots the job may scale out to (pull data "
+flags.DEFINE_integer("num_ps", DEFAULTS["num_ps"], "Parameter server tasks.")
+flags.DEFINE_integer("num_workers", DEFAULTS["num_workers"], "Worker tasks at the start.")
+flags.DEFINE_integer("max_workers", DEFAULTS["max_workers"],
+                     "Worker slots the job may scale out to (pull data "
                      "path); 0 = --num_workers.")
-flags.DEFINE_integer("num_hosts", 0, "Simulated hosts (one agent each); tasks are placed "
+flags.DEFINE_integer("num_hosts", 0,
+                     "Simulated hosts (one agent each); tasks are placed "
                      "round-robin. 0: one host per worker. --backend=agents: wait until "
                      "this many hosts registered with the master (0: 1).")
-flags.DEFINE_enum("backend", "local", ["local", "agents", "ray", "kubernetes"], "Where the "
+flags.DEFINE_enum("backend", DEFAULTS["backend"], CHOICES["backend"], "Where the "
                   "tasks run: local = simulated hosts on this machine (an agent each, on "
                   "loopback; the launcher starts the master); agents = the real hosts whose "
                   "antdt-agent registered with the running master at --master (see "
@@ -101,7 +102,7 @@ flags.DEFINE_boolean("private_network", True, "--backend=local: run the master, 
                      "user namespaces), so none of their ports — TensorFlow's open, "
                      "unauthenticated servers above all — is reachable from outside it.")
 auth.define_tls_flags()     # --backend=agents: the launcher's identity towards the master
-flags.DEFINE_enum("api", "custom_loop", ["custom_loop", "keras", "mts", "estimator"],
+flags.DEFINE_enum("api", DEFAULTS["api"], CHOICES["api"],
                   "How the job trains: custom_loop = antdt-coordinator (ClusterCoordinator "
                   "loop); keras = antdt-keras-trainer (tf-keras model.fit with the antdt "
                   "callback); TF1 between-graph, every worker a trainer (worker 0 the chief) "
@@ -110,11 +111,12 @@ flags.DEFINE_enum("api", "custom_loop", ["custom_loop", "keras", "mts", "estimat
                   "(--estimator_python).")
 flags.DEFINE_string("estimator_python", "", "--api=estimator: the TF 2.15 venv's Python "
                     "(default: .venv-tf215/bin/python of this source tree; make venv-tf215).")
-flags.DEFINE_enum("mode", "async", ["async", "bsp"], "custom_loop + pull: async = every "
+flags.DEFINE_enum("mode", DEFAULTS["mode"], CHOICES["mode"], "custom_loop + pull: async = every "
                   "worker applies its own steps (PSS's default); bsp = synchronous rounds, "
                   "one batch per worker applied together (stragglers then slow every "
                   "round: the presets adjust per-worker batch sizes, ADJUST_BS).")
-flags.DEFINE_enum("data_path", "pull", ["pull", "closure"], "custom_loop only: pull = "
+flags.DEFINE_enum("data_path", DEFAULTS["data_path"],
+                  ["pull", "closure"], "custom_loop only: pull = "
                   "workers lease shards from the master in their tf.data pipeline; closure = "
                   "the coordinator schedules one closure per shard.")
 flags.DEFINE_float("checkpoint_every_seconds", DEFAULTS["checkpoint_every_seconds"],
@@ -124,18 +126,20 @@ flags.DEFINE_string("data", "", "Training records (.adtr, see antdt-data). Empty
 flags.DEFINE_string("eval_data", "", "Held-out records for the final AUC (with --data).")
 flags.DEFINE_integer("generate_records", 200_000, "Records to generate when --data is empty.")
 flags.DEFINE_integer("eval_records", 20_000, "Held-out records to generate for the AUC.")
-flags.DEFINE_integer("data_seed", 1, "Seed of the generated data.")
-flags.DEFINE_integer("epochs", 1, "Epochs over the data.")
-flags.DEFINE_integer("batch_size", 256, "Records per training step.")
-flags.DEFINE_integer("records_per_shard", 2048, "Records per shard.")
-flags.DEFINE_boolean("shuffle", True, "Shuffle the shard order of every epoch.")
-flags.DEFINE_integer("buckets", 1 << 16, "Hash buckets of each embedding table.")
-flags.DEFINE_float("learning_rate", 0.2, "SGD learning rate.")
+flags.DEFINE_integer("data_seed", DEFAULTS["data_seed"], "Seed of the generated data.")
+flags.DEFINE_integer("epochs", DEFAULTS["epochs"], "Epochs over the data.")
+flags.DEFINE_integer("batch_size", DEFAULTS["batch_size"], "Records per training step.")
+flags.DEFINE_integer("records_per_shard", DEFAULTS["records_per_shard"], "Records per shard.")
+flags.DEFINE_boolean("shuffle", DEFAULTS["shuffle"], "Shuffle the shard order of every epoch.")
+flags.DEFINE_integer("buckets", DEFAULTS["buckets"], "Hash buckets of each embedding table.")
+flags.DEFINE_float("learning_rate", DEFAULTS["learning_rate"], "SGD learning rate.")
 flags.DEFINE_string("checkpoint_dir", "", "Shard-boundary checkpoints (default: "
                     "<workdir>/checkpoints).")
-flags.DEFINE_integer("checkpoint_every_shards", 16, "Checkpoint after this many DONE shards.")
+flags.DEFINE_integer("checkpoint_every_shards", DEFAULTS["checkpoint_every_shards"],
+                     "Checkpoint after this many DONE shards.")
 flags.DEFINE_string("report_json", "", "Write the job report here.")
-flags.DEFINE_boolean("audit", False, "Count per record how often it was applied; the report "
+flags.DEFINE_boolean("audit", DEFAULTS["audit"],
+                     "Count per record how often it was applied; the report "
                      "gives the records applied 0, 1 and 2+ times.")
 flags.DEFINE_multi_string("inject", [], "Fault/straggler injection, repeatable: "
                           "kill:worker:1@30s, kill:ps:0@60s, kill:coordinator@45s, "
@@ -150,7 +154,8 @@ flags.DEFINE_float("timeout_seconds", DEFAULTS["timeout_seconds"],
 flags.DEFINE_integer("max_restarts", DEFAULTS["max_restarts"],
                      "Restarts allowed per task before the job fails.")
 flags.DEFINE_boolean("progress", True, "Show the live progress line.")
-flags.DEFINE_string("policy", "antdt-nd", "Controller policy: static (static data sharding, "
+flags.DEFINE_string("policy", DEFAULTS["policy"],
+                    "Controller policy: static (static data sharding, "
                     "no action: the baseline), dynamic (dynamic sharding only, no action), "
                     "backup (dynamic sharding + speculative duplicates of slow workers' "
                     "leases: the backup-workers baseline), antdt-nd (non-dedicated clusters), antdt-dd (dedicated "
@@ -183,7 +188,7 @@ def master_address() -> str:
     return f"antdt-master.{FLAGS.namespace}.svc.cluster.local:7470"
 
 
-def config_from_flags() -> JobConfig:
+def config_from_flags() -> Job:
     if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
         raise app.UsageError("--num_ps and --num_workers must be >= 1")
     if FLAGS.num_hosts < 0:
@@ -279,37 +284,21 @@ def config_from_flags() -> JobConfig:
     elif FLAGS.generate_records < 1 or FLAGS.eval_records < 0:
         raise app.UsageError("--generate_records must be >= 1 and --eval_records >= 0 (or "
                              "pass --data)")
-    cfg = JobConfig(
-        num_ps=FLAGS.num_ps, num_workers=FLAGS.num_workers,
-        num_hosts=FLAGS.num_hosts or (1 if FLAGS.backend in ("agents", "ray", "kubernetes")
-                                      else FLAGS.num_workers),
-        task_ports=FLAGS.task_ports,
-        ray_namespace=(FLAGS.ray_namespace or "(from the workdir)") if FLAGS.backend == "ray"
-        else "",
-        data=data, eval_data=eval_data, backend=FLAGS.backend, master=master_address(),
-        host_timeout_seconds=FLAGS.host_timeout_seconds,
-        epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
-        records_per_shard=FLAGS.records_per_shard, shuffle=FLAGS.shuffle,
-        buckets=FLAGS.buckets, checkpoint_dir="", learning_rate=FLAGS.learning_rate,
-        api=FLAGS.api, data_path=FLAGS.data_path, mode=FLAGS.mode,
-        checkpoint_every_seconds=FLAGS.checkpoint_every_seconds,
-        checkpoint_every_shards=FLAGS.checkpoint_every_shards, audit=FLAGS.audit,
-        workdir=workdir, injections=injections, timeout_seconds=FLAGS.timeout_seconds,
-        max_restarts=FLAGS.max_restarts, data_seed=FLAGS.data_seed,
-        policy=policy_name, controller_interval_seconds=FLAGS.controller_interval_seconds,
-        straggler_window_seconds=FLAGS.straggler_window_seconds,
-        straggler_slow_ratio=FLAGS.straggler_slow_ratio,
-        straggler_persistent_after_seconds=FLAGS.straggler_persistent_after_seconds,
-        relaunch_cost_seconds=FLAGS.relaunch_cost_seconds,
-        replace_ps_cost_seconds=FLAGS.replace_ps_cost_seconds,
-        min_gain_seconds=FLAGS.min_gain_seconds, max_workers=FLAGS.max_workers,
-        estimator_python=estimator_python)
+    fields = {name: getattr(FLAGS, name) for name in DEFAULTS if name in FLAGS}
+    cfg = Job(new_spec(**{
+        **fields,
+        "num_hosts": FLAGS.num_hosts or (1 if FLAGS.backend in ("agents", "ray", "kubernetes")
+                                         else FLAGS.num_workers),
+        "ray_namespace": (FLAGS.ray_namespace or "(from the workdir)")
+        if FLAGS.backend == "ray" else "",
+        "task_ports": FLAGS.task_ports, "data": data, "eval_data": eval_data,
+        "workdir": workdir or "", "injections": injections, "policy": policy_name,
+        "estimator_python": estimator_python}))
     try:    # what the master would refuse at submission, refused before anything exists
-        spec = to_proto(dataclasses.replace(
-            cfg, data=data or "(generated)",
-            workdir=workdir or pathlib.Path(tempfile.gettempdir()).resolve()))
-        check_spec(spec)
-        check_traits(spec, traits)     # a user's policy too (the presets: in check_spec)
+        spec = cfg.replace(data=data or "(generated)",
+                           workdir=workdir or pathlib.Path(tempfile.gettempdir()).resolve())
+        validate(spec.spec)
+        check_traits(spec.spec, traits)     # a user's policy too (the presets: in validate)
     except InvalidRequest as e:
         raise app.UsageError(str(e).replace("JobSpec.", "--")) from e
     if FLAGS.dry_run:     # nothing is created: where the job's files would go
@@ -331,10 +320,9 @@ def config_from_flags() -> JobConfig:
                                             FLAGS.eval_records, FLAGS.data_seed)
     ckpt = str(pathlib.Path(FLAGS.checkpoint_dir).resolve()) if FLAGS.checkpoint_dir else str(
         workdir / "checkpoints")
-    return dataclasses.replace(cfg, workdir=workdir, data=data, eval_data=eval_data,
-                               checkpoint_dir=ckpt, ray_namespace=(
-                                   FLAGS.ray_namespace or default_namespace(workdir)
-                                   if FLAGS.backend == "ray" else ""))
+    return cfg.replace(workdir=workdir, data=data, eval_data=eval_data, checkpoint_dir=ckpt,
+                       ray_namespace=(FLAGS.ray_namespace or default_namespace(workdir)
+                                      if FLAGS.backend == "ray" else ""))
 
 
 def main(argv):
@@ -348,12 +336,13 @@ def main(argv):
         try:
             generate = (FLAGS.generate_records, FLAGS.eval_records) if not FLAGS.data else None
             print(describe(cfg, generate=generate,
-                           report_json=FLAGS.report_json, ray_address=FLAGS.ray_address))
+                           report_json=FLAGS.report_json, master=master_address(),
+                           ray_address=FLAGS.ray_address))
         except InvalidRequest as e:     # a task's arguments an agent would refuse
             raise app.UsageError(str(e)) from e
         return exitcodes.OK
-    where = (f"the hosts registered with {cfg.master}" if cfg.agents
-             else f"the pods of the master at {cfg.master}" if cfg.backend == "kubernetes"
+    where = (f"the hosts registered with {master_address()}" if cfg.agents
+             else f"the pods of the master at {master_address()}" if cfg.backend == "kubernetes"
              else f"the nodes of the Ray cluster at {FLAGS.ray_address}" if cfg.ray
              else f"{cfg.num_hosts} simulated host(s)")
     print(f"antdt-launch: {cfg.num_ps} PS, {cfg.num_workers} workers on {where}; "
@@ -364,11 +353,11 @@ def main(argv):
         if cfg.agents or cfg.backend == "kubernetes":
             from antdt_tf.launcher.follow import follow
 
-            report = follow(cfg, cfg.master, show_progress=FLAGS.progress)
+            report = follow(cfg, master_address(), show_progress=FLAGS.progress)
         elif cfg.ray:
             from antdt_tf.launcher.ray_job import run_ray
 
-            report = run_ray(dataclasses.replace(cfg, num_hosts=FLAGS.num_hosts),
+            report = run_ray(cfg.replace(num_hosts=FLAGS.num_hosts),
                              FLAGS.ray_address, show_progress=FLAGS.progress)
         else:
             from antdt_tf.launcher.follow import run_local

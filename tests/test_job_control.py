@@ -9,7 +9,7 @@ import pytest
 
 from antdt_tf.data import criteo, records
 from antdt_tf.errors import CorruptState, InvalidRequest, JobConflict
-from antdt_tf.job.spec import JobConfig, to_proto
+from antdt_tf.job.spec import new_spec
 from antdt_tf.launcher.follow import JobClient
 from antdt_tf.master.job_control import JobControl
 from antdt_tf.master.server import BackgroundMaster
@@ -29,13 +29,12 @@ def spec(tmp_path, **change) -> jpb.JobSpec:
     data = tmp_path / "train.adtr"
     if not data.exists():
         records.write_records(data, criteo.generate(criteo.SyntheticSpec(1000, seed=1)))
-    cfg = JobConfig(num_ps=1, num_workers=2, num_hosts=2, data=str(data), eval_data="",
-                    epochs=1, batch_size=64, records_per_shard=100, shuffle=True, buckets=64,
-                    checkpoint_dir=str(tmp_path / "ckpt"), learning_rate=0.1,
-                    checkpoint_every_shards=4, audit=True, workdir=tmp_path / "job",
-                    addresses={"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
-                               "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
-    out = to_proto(cfg)
+    out = new_spec(num_ps=1, num_workers=2, num_hosts=2, data=str(data), batch_size=64,
+                   records_per_shard=100, buckets=64, checkpoint_dir=str(tmp_path / "ckpt"),
+                   learning_rate=0.1, checkpoint_every_shards=4, audit=True,
+                   workdir=tmp_path / "job",
+                   addresses={"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
+                              "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
     for k, v in change.items():
         setattr(out, k, v)
     return out
@@ -73,7 +72,7 @@ def test_a_bad_spec_is_refused_with_the_reason_and_nothing_is_kept(tmp_path, cha
 ])
 def test_the_master_refuses_a_spec_exactly_as_the_launcher_does(tmp_path, change,
                                                                 launch_flags):
-    """One set of checks (antdt_tf.job.spec.check_spec): a JobSpec sent to the master
+    """One set of checks (antdt_tf.job.spec.validate): a JobSpec sent to the master
     directly gets the launcher's refusal, word for word (JobSpec.x for --x)."""
     import subprocess
     import sys

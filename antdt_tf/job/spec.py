@@ -1,12 +1,15 @@
-"""What a job is: its configuration, its checks, and where its tasks go.
+"""What a job is: the ``JobSpec`` proto, its defaults, its checks, and where its tasks go.
 
-The one home of a job's description for the launcher (flags -> ``JobConfig`` -> the
-``JobSpec`` proto it submits) and the master (the proto it is sent -> ``JobConfig``
-its runner reads); both check a spec with the same :func:`check_spec`."""
+``JobSpec`` (protos/antdt/v1/job.proto) is the one description of a job: antdt-launch
+turns its flags into one (:func:`new_spec`, defaults from :data:`DEFAULTS`), any client
+submits one, and the master's runner reads the same message through :class:`Job`, a
+read-only view that adds what follows from it (``slots``, ``tf1``, the workdir as a
+path). Both sides check a spec with the same :func:`validate`. Facts of a running job
+(the tasks' current addresses, generations) live in the runner's own record, never in
+the spec."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import pathlib
 
@@ -15,86 +18,136 @@ from antdt_tf.agent.inject import Injection
 from antdt_tf.controller.policy import CostModel
 from antdt_tf.errors import InvalidRequest, shown
 from antdt_tf.monitor.straggler import StragglerConfig
+from antdt_tf.proto import job_pb2 as jpb
 
 
 TF1_APIS = ("mts", "estimator")
 SOURCE_ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
+# Every JobSpec default, by field (a field not named here defaults to the proto's zero:
+# the data, the workdir, the checkpoint dir, the addresses). antdt-launch's flags take
+# theirs from here; the Monitor's and the cost model's are their own classes' defaults.
+DEFAULTS = {
+    "api": "custom_loop", "mode": "async", "data_path": "pull", "backend": "local",
+    "num_ps": 2, "num_workers": 3, "max_workers": 0,
+    "epochs": 1, "batch_size": 256, "records_per_shard": 2048, "shuffle": True,
+    "buckets": 1 << 16, "learning_rate": 0.2, "data_seed": 1,
+    "checkpoint_every_shards": 16, "checkpoint_every_seconds": 10.0, "audit": False,
+    "timeout_seconds": 1800.0, "max_restarts": 5, "host_timeout_seconds": 10.0,
+    "policy": "antdt-nd", "controller_interval_seconds": 1.0,
+    "straggler_window_seconds": StragglerConfig.window_seconds,
+    "straggler_slow_ratio": StragglerConfig.slow_ratio,
+    "straggler_persistent_after_seconds": StragglerConfig.persistent_after_seconds,
+    "relaunch_cost_seconds": CostModel.relaunch_worker_seconds,
+    "replace_ps_cost_seconds": CostModel.replace_ps_seconds,
+    "min_gain_seconds": CostModel.min_gain_seconds,
+}
+_JOBS = ("chief", "ps", "worker")
 
-@dataclasses.dataclass
-class JobConfig:
-    num_ps: int
-    num_workers: int
-    num_hosts: int
-    data: str
-    eval_data: str
-    epochs: int
-    batch_size: int
-    records_per_shard: int
-    shuffle: bool
-    buckets: int
-    checkpoint_dir: str
-    learning_rate: float
-    checkpoint_every_shards: int
-    audit: bool
-    workdir: pathlib.Path
-    injections: tuple[Injection, ...] = ()
-    timeout_seconds: float = 1800
-    max_restarts: int = 5
-    data_seed: int = 1
-    api: str = "custom_loop"
-    data_path: str = "pull"
-    checkpoint_every_seconds: float = 10.0
-    policy: str = "antdt-nd"
-    controller_interval_seconds: float = 1.0
-    # the Monitor's and the cost model's own defaults (one home each)
-    straggler_window_seconds: float = StragglerConfig.window_seconds
-    straggler_slow_ratio: float = StragglerConfig.slow_ratio
-    straggler_persistent_after_seconds: float = StragglerConfig.persistent_after_seconds
-    relaunch_cost_seconds: float = CostModel.relaunch_worker_seconds
-    replace_ps_cost_seconds: float = CostModel.replace_ps_seconds
-    min_gain_seconds: float = CostModel.min_gain_seconds
-    max_workers: int = 0
-    mode: str = "async"
-    estimator_python: str = ""
-    backend: str = "local"
-    master: str = ""
-    host_timeout_seconds: float = 10.0
-    ray_namespace: str = ""         # ray: the job's namespace
-    task_ports: str = ""            # ray: "FIRST-LAST" (empty: the backend's default)
-    # local: the loopback address of every task, picked by the submitter (job -> list)
-    addresses: dict = dataclasses.field(default_factory=dict)
+
+def new_spec(**fields) -> jpb.JobSpec:
+    """A JobSpec with :data:`DEFAULTS` and ``fields`` set (unchecked: see :func:`validate`).
+    ``workdir`` may be a path, ``injections`` parsed :class:`Injection` s, ``addresses``
+    a ``{job: [host:port]}`` dict (the local backend's loopback addresses)."""
+    injections = fields.pop("injections", ())
+    addresses = fields.pop("addresses", {})
+    values = {**DEFAULTS, **fields}
+    if values.get("workdir") is not None:
+        values["workdir"] = str(values["workdir"])
+    spec = jpb.JobSpec(**{k: v for k, v in values.items() if v is not None})
+    for inj in injections:
+        spec.injections.add(kind=inj.kind, job=inj.job, index=inj.index, at=inj.at,
+                            percent=inj.percent, until=inj.until or 0.0,
+                            has_until=inj.until is not None, factor=inj.factor)
+    for job, given in addresses.items():
+        getattr(spec, f"{job}_addresses").extend(given)
+    return spec
+
+
+class Job:
+    """A checked JobSpec as the runner and the launcher read it: every spec field by its
+    name, plus what follows from them. Read-only (a job's spec does not change once
+    submitted); :meth:`replace` gives a changed copy to a submitter still filling it in."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: jpb.JobSpec):
+        object.__setattr__(self, "spec", spec)
+
+    @classmethod
+    def of(cls, spec: jpb.JobSpec) -> "Job":
+        """``spec`` as a job the master takes; InvalidRequest saying what is wrong (the
+        master refuses the job, nothing starts)."""
+        validate(spec)
+        check_addresses(spec)
+        return cls(spec)
+
+    def __getattr__(self, name):
+        if name in jpb.JobSpec.DESCRIPTOR.fields_by_name:
+            return getattr(self.spec, name)
+        raise AttributeError(f"a job has no {name!r}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"a job's spec is read-only ({name}); use Job.replace")
+
+    def replace(self, **fields) -> "Job":
+        """A copy with ``fields`` changed (``workdir`` may be a path, ``addresses`` a
+        ``{job: [host:port]}`` dict)."""
+        spec = jpb.JobSpec()
+        spec.CopyFrom(self.spec)
+        if "workdir" in fields:
+            fields["workdir"] = str(fields["workdir"])
+        for job, given in fields.pop("addresses", {}).items():
+            del getattr(spec, f"{job}_addresses")[:]
+            getattr(spec, f"{job}_addresses").extend(given)
+        for name, value in fields.items():
+            setattr(spec, name, value)
+        return Job(spec)
+
+    @property
+    def workdir(self) -> pathlib.Path:
+        return pathlib.Path(self.spec.workdir)
+
+    @property
+    def injections(self) -> tuple[Injection, ...]:
+        return tuple(Injection(i.kind, i.job, i.index, i.at,
+                               i.until if i.has_until else None, i.factor or 1.0, i.percent)
+                     for i in self.spec.injections)
+
+    @property
+    def addresses(self) -> dict[str, list[str]]:
+        """The local backend's submitted loopback address of every task, by job (empty
+        elsewhere: there addresses are chosen where the tasks land)."""
+        return {job: list(getattr(self.spec, f"{job}_addresses")) for job in _JOBS}
 
     @property
     def agents(self) -> bool:
         """Real hosts whose agents registered with the master (else simulated hosts on
         loopback, with the addresses the submitter picked, or Ray nodes)."""
-        return self.backend == "agents"
+        return self.spec.backend == "agents"
 
     @property
     def ray(self) -> bool:
         """Ray nodes: every task an actor the master's RayBackend places."""
-        return self.backend == "ray"
+        return self.spec.backend == "ray"
 
     @property
     def slots(self) -> int:
-        return max(self.max_workers, self.num_workers)
+        return max(self.spec.max_workers, self.spec.num_workers)
 
     @property
     def tf1(self) -> bool:
         """TF1 between-graph: every worker trains (worker 0 is the chief); no coordinator."""
-        return self.api in TF1_APIS
+        return self.spec.api in TF1_APIS
 
-
-# every JobConfig default, by field: the launcher's flags take theirs from here
-DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobConfig)
-            if f.default is not dataclasses.MISSING}
+    def __repr__(self) -> str:
+        return f"Job({self.spec.api} on {self.spec.backend}, workdir {self.spec.workdir})"
 
 
 def skips_refused_leases(cfg) -> bool:
     """Whether the job's trainer stops applying a lease's batches once a report about it
     was refused (needed for tail stealing and backup leases): PullTrainer in async mode
-    and the TF1 feed do; Keras and BSP rounds do not. ``cfg``: JobConfig or FLAGS."""
+    and the TF1 feed do; Keras and BSP rounds do not. a Job, a JobSpec or FLAGS."""
     return cfg.api in TF1_APIS or (cfg.api == "custom_loop" and cfg.mode == "async"
                                    and cfg.data_path == "pull")
 
@@ -109,28 +162,8 @@ def place(num_ps: int, num_workers: int, num_hosts: int) -> dict[tuple[str, int]
     return where
 
 
-_ENUMS = {"api": ("custom_loop", "keras", "mts", "estimator"), "mode": ("async", "bsp"),
+CHOICES = {"api": ("custom_loop", "keras", "mts", "estimator"), "mode": ("async", "bsp"),
           "data_path": ("pull", "closure"), "backend": ("local", "agents", "ray", "kubernetes")}
-_SKIP = ("workdir", "injections", "addresses", "master")
-
-
-def to_proto(cfg: JobConfig):
-    """The JobSpec a client submits to the master."""
-    from antdt_tf.proto import job_pb2 as jpb
-
-    spec = jpb.JobSpec(workdir=str(cfg.workdir))
-    for field in spec.DESCRIPTOR.fields:
-        if field.name not in _SKIP and hasattr(cfg, field.name):
-            setattr(spec, field.name, getattr(cfg, field.name))
-    for inj in cfg.injections:
-        spec.injections.add(kind=inj.kind, job=inj.job, index=inj.index, at=inj.at,
-                            percent=inj.percent, until=inj.until or 0.0,
-                            has_until=inj.until is not None, factor=inj.factor)
-    for job in ("chief", "ps", "worker"):
-        getattr(spec, f"{job}_addresses").extend(cfg.addresses.get(job, ()))
-    return spec
-
-
 # JobSpec's numbers: (lowest, highest) allowed; every double must be finite too
 _INT_RANGES = {
     "num_ps": (1, limits.MAX_JOB_PS), "num_workers": (1, limits.MAX_JOB_WORKERS),
@@ -255,11 +288,11 @@ def check_traits(spec, traits) -> None:
                              "JobSpec.data_path=pull, or JobSpec.api=mts|estimator")
 
 
-def check_spec(spec) -> None:
+def validate(spec) -> None:
     """InvalidRequest saying what is wrong with a JobSpec (its addresses aside), else
-    nothing: the master refuses such a job (:func:`from_proto`), and antdt-launch refuses
-    it before it creates anything (``to_proto`` of its provisional config)."""
-    for name, allowed in _ENUMS.items():
+    nothing: the master refuses such a job (:meth:`Job.of`), and antdt-launch refuses it
+    before it creates anything (its provisional spec, messages reading ``--flag``)."""
+    for name, allowed in CHOICES.items():
         if getattr(spec, name) not in allowed:
             raise InvalidRequest(f"JobSpec.{name} must be one of {allowed}, got "
                                  f"{shown(getattr(spec, name))}")
@@ -297,26 +330,14 @@ def task_port_range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
-def from_proto(spec) -> JobConfig:
-    """A submitted JobSpec as the job's configuration; InvalidRequest saying what is wrong
-    (the master refuses the job, nothing starts)."""
-    names = {f.name for f in dataclasses.fields(JobConfig)}
-    kwargs = {f.name: getattr(spec, f.name) for f in spec.DESCRIPTOR.fields
-              if f.name in names and f.name not in _SKIP}
-    check_spec(spec)
-    injections = tuple(
-        Injection(i.kind, i.job, i.index, i.at, i.until if i.has_until else None,
-                  i.factor or 1.0, i.percent) for i in spec.injections)
-    slots = max(kwargs["max_workers"], kwargs["num_workers"])
-    addresses = {}
-    if kwargs["backend"] == "local":
-        addresses = {"chief": list(spec.chief_addresses), "ps": list(spec.ps_addresses),
-                     "worker": list(spec.worker_addresses)}
-        want = {"chief": 1, "ps": kwargs["num_ps"], "worker": slots}
-        for job, n in want.items():
-            if len(addresses[job]) != n or not all(":" in a for a in addresses[job]):
-                raise InvalidRequest(f"JobSpec: the local backend needs {n} host:port "
-                                     f"{job} address(es), got {len(addresses[job])}: "
-                                     f"{shown(addresses[job])}")
-    return JobConfig(workdir=pathlib.Path(spec.workdir), injections=injections,
-                     addresses=addresses, **kwargs)
+def check_addresses(spec) -> None:
+    """The local backend's tasks keep the loopback addresses their submitter picked: one
+    host:port for every slot (InvalidRequest otherwise)."""
+    if spec.backend != "local":
+        return
+    slots = max(spec.max_workers, spec.num_workers)
+    for job, n in {"chief": 1, "ps": spec.num_ps, "worker": slots}.items():
+        given = list(getattr(spec, f"{job}_addresses"))
+        if len(given) != n or not all(":" in a for a in given):
+            raise InvalidRequest(f"JobSpec: the local backend needs {n} host:port {job} "
+                                 f"address(es), got {len(given)}: {shown(given)}")

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 import pathlib
 
-from antdt_tf.job.spec import JobConfig, place
+from antdt_tf.job.spec import Job, place
 
 MASTER_PLACEHOLDER = "master.antdt:7470"     # a valid host:port for the agent's checks
 
 
-def _placeholder_spec(cfg: JobConfig, where: dict) -> dict:
+def _placeholder_spec(cfg: Job, where: dict) -> dict:
     """Cluster addresses of the right shape: ``h<host>:<port>`` (ports are picked at
     launch)."""
     spec, port = {}, 20000
@@ -40,7 +40,7 @@ def _shown_argv(argv) -> str:
     return " ".join(out)
 
 
-def task_commands(cfg: JobConfig) -> list[tuple[str, str, str]]:
+def task_commands(cfg: Job) -> list[tuple[str, str, str]]:
     """(task, host, command) of every task the job starts, in start order. Raises
     InvalidRequest when the agent would refuse a task's arguments."""
     from antdt_tf.agent.programs import PathPolicy, command_for
@@ -73,11 +73,11 @@ def task_commands(cfg: JobConfig) -> list[tuple[str, str, str]]:
     return out
 
 
-def describe(cfg: JobConfig, *, generate: tuple[int, int] | None, report_json: str,
-             ray_address: str = "") -> str:
+def describe(cfg: Job, *, generate: tuple[int, int] | None, report_json: str,
+             master: str = "", ray_address: str = "") -> str:
     """What the job would do, as lines for a person. ``generate``: (train, held-out)
     records to generate into ``cfg.data``/``cfg.eval_data``, None for the user's data."""
-    workdir = str(cfg.workdir) if cfg.workdir else "a new temporary directory"
+    workdir = cfg.spec.workdir or "a new temporary directory"
     lines = ["antdt-launch --dry_run: the job is valid; nothing was started, created or "
              "contacted."]
     if cfg.backend == "local":
@@ -85,14 +85,14 @@ def describe(cfg: JobConfig, *, generate: tuple[int, int] | None, report_json: s
                      "(an antdt-agent each) and an antdt-master with its state in "
                      f"{workdir}/master")
     elif cfg.backend == "agents":
-        lines.append(f"  backend     agents: the master at {cfg.master} places the tasks on "
+        lines.append(f"  backend     agents: the master at {master} places the tasks on "
                      f"its registered hosts (waits for {cfg.num_hosts}); each agent checks "
                      "the paths against its --job_root/--read_roots")
     elif cfg.backend == "ray":
         lines.append(f"  backend     ray: the Ray cluster at {ray_address or 'auto'}; the master "
                      "and every task an actor on its nodes")
     else:
-        lines.append(f"  backend     kubernetes: the master at {cfg.master} creates a pod per "
+        lines.append(f"  backend     kubernetes: the master at {master} creates a pod per "
                      "task")
     if generate is None:
         records = _records(cfg.data)

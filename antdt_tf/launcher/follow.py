@@ -23,7 +23,7 @@ import grpc
 
 from antdt_tf import auth
 from antdt_tf.errors import AntdtError
-from antdt_tf.job.spec import JobConfig, to_proto
+from antdt_tf.job.spec import Job
 from antdt_tf.proto import job_pb2 as jpb
 from antdt_tf.proto import job_pb2_grpc as jpb_grpc
 
@@ -60,7 +60,7 @@ class JobClient:
 class _Follower:
     """What the progress line reads (``antdt_tf.launcher.progress.ProgressLine``)."""
 
-    def __init__(self, cfg: JobConfig, num_records: int):
+    def __init__(self, cfg: Job, num_records: int):
         self.cfg, self.num_records = cfg, num_records
         self.t0 = time.monotonic()
         self.train_t0: Optional[float] = None
@@ -69,7 +69,7 @@ class _Follower:
 class EmbeddedMaster:
     """The ``antdt-master`` process of a local job, restarted on its state dir."""
 
-    def __init__(self, cfg: JobConfig, port: int, tf_rpc_port: int = 0, network=None,
+    def __init__(self, cfg: Job, port: int, tf_rpc_port: int = 0, network=None,
                  bind: str = "127.0.0.1", env: Optional[dict] = None):
         """``network``: the job's PrivateNetwork the master runs in (None: the machine's
         loopback); the launcher then reaches it over a Unix socket. ``bind``: the
@@ -147,7 +147,7 @@ class EmbeddedMaster:
                 self.proc.wait()
 
 
-def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = None,
+def follow(cfg: Job, master: str, embedded: Optional[EmbeddedMaster] = None,
            show_progress: bool = True) -> dict:
     """Submits ``cfg`` to ``master`` and follows the job to its end; returns the report
     (with the embedded master's own failures and restarts added)."""
@@ -167,7 +167,7 @@ def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = Non
     kills = sorted((j for j in cfg.injections if j.job == "master"),
                    key=lambda j: (j.percent, j.at))
     client = JobClient(master)
-    status = client.submit(to_proto(cfg))
+    status = client.submit(cfg.spec)
     seen = 0
     deadline = time.monotonic() + cfg.timeout_seconds + 60
     with ShardingClient(master, timeout=10) as admin, MonitorClient(master) as monitor:
@@ -232,7 +232,7 @@ def follow(cfg: JobConfig, master: str, embedded: Optional[EmbeddedMaster] = Non
     return report
 
 
-def run_local(cfg: JobConfig, secure: bool = True, isolate: bool = True,
+def run_local(cfg: Job, secure: bool = True, isolate: bool = True,
               show_progress: bool = True) -> dict:
     """The whole job on this machine: agents for the simulated hosts, the master, the job.
     ``secure``: a fresh job token and a throw-away CA for this run (unless the caller's
@@ -252,9 +252,9 @@ def run_local(cfg: JobConfig, secure: bool = True, isolate: bool = True,
                   f"(no private network namespace: {why})", file=sys.stderr)
     # the same tf_rpc port after a master restart: the workers' graphs hold its address
     ports = free_ports(3 + cfg.num_ps + cfg.slots)
-    cfg.addresses = {"chief": [f"127.0.0.1:{ports[1]}"],
-                     "ps": [f"127.0.0.1:{p}" for p in ports[3:3 + cfg.num_ps]],
-                     "worker": [f"127.0.0.1:{p}" for p in ports[3 + cfg.num_ps:]]}
+    cfg = cfg.replace(addresses={"chief": [f"127.0.0.1:{ports[1]}"],
+                                 "ps": [f"127.0.0.1:{p}" for p in ports[3:3 + cfg.num_ps]],
+                                 "worker": [f"127.0.0.1:{p}" for p in ports[3 + cfg.num_ps:]]})
     try:
         with (job_security(cfg.workdir / "tls") if secure else contextlib.nullcontext()):
             master = EmbeddedMaster(cfg, ports[0], tf_rpc_port=ports[2], network=network)

@@ -27,14 +27,13 @@ address, beyond loopback on a real cluster, where it authenticates every caller.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import os
 from typing import Optional
 
 import ray
 
 from antdt_tf.backends import ray as ray_backend
-from antdt_tf.job.spec import JobConfig, to_proto
+from antdt_tf.job.spec import Job
 from antdt_tf.launcher.follow import EmbeddedMaster, follow, job_security
 
 MASTER_ACTOR = "master"
@@ -47,7 +46,7 @@ class MasterActor:
     """The job's ``antdt-master`` process, inside a detached actor on the head node."""
 
     def __init__(self, spec: bytes, job_env: dict, bind: str):
-        from antdt_tf.job.spec import from_proto
+        from antdt_tf.job.spec import Job
         from antdt_tf.proto import job_pb2 as jpb
         from antdt_tf.tf.local_cluster import free_ports
 
@@ -55,7 +54,7 @@ class MasterActor:
         if unknown:
             raise ValueError(f"the master actor takes only the job's {ray_backend.JOB_ENV}")
         os.environ.update(job_env)
-        cfg = from_proto(jpb.JobSpec.FromString(spec))
+        cfg = Job.of(jpb.JobSpec.FromString(spec))
         port, tf_rpc_port = free_ports(2, bind, lowest=MASTER_LOWEST_PORT)
         gcs = ray.get_runtime_context().gcs_address
         self.master = EmbeddedMaster(cfg, port, tf_rpc_port=tf_rpc_port, bind=bind,
@@ -87,7 +86,7 @@ class RayMaster:
     """The launcher's handle on the master actor, shaped like :class:`EmbeddedMaster`
     (``follow`` restarts it through this when its process dies)."""
 
-    def __init__(self, actor, cfg: JobConfig):
+    def __init__(self, actor, cfg: Job):
         self.actor, self.cfg = actor, cfg
         self.restarts = 0
         self.log_path = cfg.workdir / "master.log"
@@ -123,7 +122,7 @@ def _head_node(nodes: list[dict]) -> dict:
     raise RuntimeError("the Ray cluster has no alive head node")
 
 
-def run_ray(cfg: JobConfig, address: str = "auto", show_progress: bool = True) -> dict:
+def run_ray(cfg: Job, address: str = "auto", show_progress: bool = True) -> dict:
     """Submits ``cfg`` to a master actor on the head node of the Ray cluster at
     ``address`` and follows the job to its end; returns the report. ``cfg.num_hosts``
     0: every alive node of the cluster."""
@@ -132,7 +131,7 @@ def run_ray(cfg: JobConfig, address: str = "auto", show_progress: bool = True) -
         nodes = [n for n in ray.nodes() if n["Alive"]]
         head = _head_node(nodes)
         if cfg.num_hosts < 1:
-            cfg = dataclasses.replace(cfg, num_hosts=len(nodes))
+            cfg = cfg.replace(num_hosts=len(nodes))
         hosts = tuple(sorted({n["NodeManagerAddress"] for n in nodes}
                              | {"127.0.0.1", "localhost"}))
         with job_security(cfg.workdir / "tls", hosts):
@@ -141,7 +140,7 @@ def run_ray(cfg: JobConfig, address: str = "auto", show_progress: bool = True) -
                 name=MASTER_ACTOR, namespace=cfg.ray_namespace, lifetime="detached",
                 num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4,
                 scheduling_strategy=ray_backend.pinned(head["NodeID"]),
-            ).remote(to_proto(cfg).SerializeToString(), job_env, head["NodeManagerAddress"])
+            ).remote(cfg.spec.SerializeToString(), job_env, head["NodeManagerAddress"])
             master = RayMaster(actor, cfg)
             try:
                 master.start()

@@ -115,11 +115,11 @@ class JobControl:
         self._thread.start()
 
     def _run(self, resume: Optional[dict]) -> None:
-        from antdt_tf.job.spec import from_proto
+        from antdt_tf.job.spec import Job
         from antdt_tf.master.runner import JobRunner
 
         try:
-            cfg = from_proto(self.spec)
+            cfg = Job.of(self.spec)
             if self.on_job is not None:
                 self.on_job(cfg)
             self._runner = JobRunner(cfg, self.master_address, on_event=self._on_event,
@@ -155,9 +155,9 @@ class JobControl:
 
     def SubmitJob(self, req: jpb.SubmitJobRequest) -> jpb.JobStatus:
         from antdt_tf.data.records import RecordFile
-        from antdt_tf.job.spec import from_proto
+        from antdt_tf.job.spec import Job
 
-        cfg = from_proto(req.spec)            # InvalidRequest: nothing starts
+        cfg = Job.of(req.spec)            # InvalidRequest: nothing starts
         if cfg.backend == "kubernetes" and "kubernetes" not in self.backends:
             raise InvalidRequest("JobSpec.backend 'kubernetes': this master does not create "
                                  "pods (start it with --kubernetes_image=...; "

@@ -23,7 +23,7 @@ import time
 from typing import Optional
 
 from antdt_tf.errors import AntdtError
-from antdt_tf.job.spec import JobConfig, place
+from antdt_tf.job.spec import Job, place
 from antdt_tf.master.runner.executor import ActionExecutor
 from antdt_tf.master.runner.progress import JobProgress
 from antdt_tf.master.runner.recovery import Recovery
@@ -40,7 +40,7 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
     The parts are mixins over one record (the attributes set here), each in its own
     module; only the loop and the record are here."""
 
-    def __init__(self, cfg: JobConfig, master_address: str, on_event=None,
+    def __init__(self, cfg: Job, master_address: str, on_event=None,
                  resume: Optional[dict] = None, backend_factory=None):
         """``master_address``: the master this runner runs in (the tasks reach it there);
         ``on_event(event)``: every event, to persist; ``resume``: the state a previous

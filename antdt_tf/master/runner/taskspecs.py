@@ -8,14 +8,14 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from antdt_tf.job.spec import JobConfig
+from antdt_tf.job.spec import Job
 from antdt_tf.proto import cluster_pb2 as cpb
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskContext:
     """What the builders need to know of the job right now."""
-    cfg: JobConfig
+    cfg: Job
     spec: dict                      # job -> addresses (every worker slot)
     active_workers: int             # workers 0..n-1 train; the rest are spare slots
     master_address: str
