@@ -73,10 +73,13 @@ class StaticHosts:
 class MasterRendezvous:
     """The agents that report to the master (``ClusterMonitor.ReportAgent``)."""
 
-    def __init__(self, master_address: str):
+    def __init__(self, master):
+        """``master``: the master's address, or a MonitorClient of it the caller owns (the
+        job runner's, which calls its master in process)."""
         from antdt_tf.monitor.client import MonitorClient
 
-        self.monitor = MonitorClient(master_address)
+        self._own = isinstance(master, str)
+        self.monitor = MonitorClient(master) if self._own else master
 
     def agents(self, clients) -> list[AgentRecord]:
         status = self.monitor.status()
@@ -86,7 +89,8 @@ class MasterRendezvous:
                 for a in status.agents]
 
     def close(self) -> None:
-        self.monitor.close()
+        if self._own:
+            self.monitor.close()
 
 
 class AgentsBackend(ClusterBackend):

@@ -50,6 +50,7 @@ class JobControl:
         self.backends = dict(backends or {})
         self.policy_modules = tuple(policy_modules)
         self.master_address = master_address   # set once the server is bound
+        self.services = None      # server.MasterServices: set by the server that serves this
         self._lock = threading.Lock()
         self.spec: Optional[jpb.JobSpec] = None
         self.state = jpb.JobStatus.STATE_UNSPECIFIED
@@ -122,7 +123,10 @@ class JobControl:
             cfg = Job.of(self.spec)
             if self.on_job is not None:
                 self.on_job(cfg)
-            self._runner = JobRunner(cfg, self.master_address, on_event=self._on_event,
+            if self.services is None:
+                raise RuntimeError("the job control is not served by a MasterServer")
+            self._runner = JobRunner(cfg, self.master_address, self.services,
+                                     on_event=self._on_event,
                                      resume=resume,
                                      backend_factory=self.backends.get(cfg.backend))
             report = self._runner.run()

@@ -4,6 +4,7 @@ TF-RPC data path and the health service, composed in one place."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pathlib
 from typing import Callable, Optional
 
@@ -14,9 +15,17 @@ from antdt_tf.auth import TlsFiles, add_port, server_interceptors
 from antdt_tf.monitor.service import ClusterMonitorServicer
 from antdt_tf.monitor.view import ClusterView
 from antdt_tf.proto import cluster_pb2 as cpb
-from antdt_tf.rpc import SERVER_OPTIONS
+from antdt_tf.rpc import SERVER_OPTIONS, LoopStub
 from antdt_tf.sharding.service import SERVICE_NAME, ShardingServicer, generic_handler
 from antdt_tf.sharding.tf_rpc import TfRpcServicer
+
+
+@dataclasses.dataclass(frozen=True)
+class MasterServices:
+    """The master's services as its job runner calls them: in this process, on the
+    server's event loop (``rpc.LoopStub``s with the stubs' faces)."""
+    sharding: LoopStub
+    monitor: LoopStub
 
 
 class MasterServer:
@@ -93,7 +102,14 @@ class MasterServer:
         await self._server.start()
         for name in ("", SERVICE_NAME, self.monitor.SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
+        loop = asyncio.get_running_loop()
+        if self.job_control is not None:
+            # the job's runner is a thread of this process: it calls these services on
+            # this loop, as their gRPC handlers do (no channel to itself)
+            self.job_control.services = MasterServices(
+                sharding=LoopStub(self.servicer, loop, self.servicer.after_call),
+                monitor=LoopStub(self.monitor, loop))
+        self._ticker = loop.create_task(self._tick_loop())
         return self.port
 
     async def _tick_loop(self):

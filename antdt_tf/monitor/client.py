@@ -16,12 +16,13 @@ class MonitorClient:
     """Thread-safe. Reports are numbered here (``seq``), so the master can drop late ones."""
 
     def __init__(self, address: str = "", channel: Optional[grpc.Channel] = None,
-                 timeout: float = 10.0):
-        if channel is None and not address:
-            raise ValueError("MonitorClient needs an address or a channel")
-        self._own_channel = channel is None
-        self._channel = channel or auth.channel(address)
-        self._stub = cpb_grpc.ClusterMonitorStub(self._channel)
+                 timeout: float = 10.0, stub=None):
+        """``stub``: the master's monitor servicer in this process (``rpc.LoopStub``)."""
+        if channel is None and not address and stub is None:
+            raise ValueError("MonitorClient needs an address, a channel or a stub")
+        self._own_channel = channel is None and stub is None
+        self._channel = None if stub is not None else channel or auth.channel(address)
+        self._stub = stub if stub is not None else cpb_grpc.ClusterMonitorStub(self._channel)
         self.timeout = timeout
         self._seq = itertools.count(1)
 

@@ -65,19 +65,22 @@ class ShardingClient:
     """A typed client of one master. Thread-safe (gRPC channels are)."""
 
     def __init__(self, address: str, task: Optional[Task] = None, timeout: float = 30.0,
-                 channel: Optional[grpc.Channel] = None):
+                 channel: Optional[grpc.Channel] = None, stub=None):
+        """``stub``: the master's servicer in this process (``rpc.LoopStub``) instead of a
+        channel to ``address``."""
         self.address = address
         self.task = task
         self.timeout = timeout
-        self._channel = channel or auth.channel(
+        self._channel = None if stub is not None else channel or auth.channel(
             address, options=[("grpc.service_config", _SERVICE_CONFIG),
                               ("grpc.enable_retries", 1)])
-        self._stub = pb_grpc.ShardingServiceStub(self._channel)
+        self._stub = stub if stub is not None else pb_grpc.ShardingServiceStub(self._channel)
         self._request_base = random.getrandbits(40) << 20
         self._request_seq = 0
 
     def close(self) -> None:
-        self._channel.close()
+        if self._channel is not None:
+            self._channel.close()
 
     def __enter__(self):
         return self

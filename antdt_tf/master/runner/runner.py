@@ -40,9 +40,10 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
     The parts are mixins over one record (the attributes set here), each in its own
     module; only the loop and the record are here."""
 
-    def __init__(self, cfg: Job, master_address: str, on_event=None,
+    def __init__(self, cfg: Job, master_address: str, services, on_event=None,
                  resume: Optional[dict] = None, backend_factory=None):
         """``master_address``: the master this runner runs in (the tasks reach it there);
+        ``services``: that master's services in this process (``server.MasterServices``);
         ``on_event(event)``: every event, to persist; ``resume``: the state a previous
         runner of this job saved (``saved_state()``), to carry on after a restart;
         ``backend_factory()``: the job's backend where the master's operator configures
@@ -54,6 +55,7 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
         self.num_records = RecordFile(cfg.data).num_records
         slots = cfg.slots
         self.master_address = master_address
+        self.services = services
         self.on_event = on_event
         self.resume = resume
         # agents: addresses come from the hosts' port ranges once the hosts are known;
@@ -118,10 +120,10 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
         from antdt_tf.monitor.client import MonitorClient
         from antdt_tf.sharding.client import ShardingClient
 
-        # one channel to each of the master's services for the job's life (the master
-        # is this process: its address is the loopback or Unix one it serves on)
-        self.admin = ShardingClient(self.master_address, timeout=10)
-        self.monitor = MonitorClient(self.master_address, timeout=30)
+        # the master's services, called in this process on its event loop
+        self.admin = ShardingClient(self.master_address, timeout=10,
+                                    stub=self.services.sharding)
+        self.monitor = MonitorClient(timeout=30, stub=self.services.monitor)
         try:
             self._join_hosts()
             # idempotent for the same spec: after a restart it may not have been done yet

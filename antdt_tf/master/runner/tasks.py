@@ -28,10 +28,10 @@ class TaskLaunching:
         elif cfg.ray:
             self.backend = self._ray_backend()
         elif cfg.agents:
-            self.backend = AgentsBackend(MasterRendezvous(self.master_address),
+            self.backend = AgentsBackend(MasterRendezvous(self.monitor),
                                          host_timeout=cfg.host_timeout_seconds)
         else:
-            directory = MasterRendezvous(self.master_address)
+            directory = MasterRendezvous(self.monitor)
             self.backend = LoopbackAgentsBackend(directory, {
                 (job, i): int(a.rsplit(":", 1)[1]) for job, addresses in self.spec.items()
                 for i, a in enumerate(addresses)}, host_timeout=cfg.host_timeout_seconds)
