@@ -3,6 +3,6 @@ reports their liveness to the master, and injects faults and stragglers on reque
 
 - :class:`~antdt_tf.agent.supervisor.TaskSupervisor`: the processes, no gRPC.
 - ``antdt-agent`` (:mod:`antdt_tf.agent.agent`): the daemon serving ``antdt.v1.Agent``.
-- :class:`~antdt_tf.agent.client.AgentClient`: the launcher's side.
+- :class:`~antdt_tf.agent.client.AgentClient`: the master's side (its job runner).
 - :class:`~antdt_tf.agent.throttle.CpuThrottle`: a real slowdown of a process.
 """

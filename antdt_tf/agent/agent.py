@@ -14,8 +14,8 @@ to it — the rendezvous)::
 Serves ``antdt.v1.Agent`` (StartTask / StopTask / ThrottleTask / ListTasks) and the
 gRPC health service, and reports the liveness of its tasks to the master's
 ``antdt.v1.ClusterMonitor`` every ``--report_seconds`` and at once when a task exits.
-Every process change of a job goes through an agent: the launcher (and later the
-controller) asks, the agent acts. Binds 127.0.0.1 unless ``--bind`` says otherwise;
+Every process change of a job goes through an agent: the master's job runner asks (to
+start the job's tasks, and to carry out the Controller's actions), the agent acts. Binds 127.0.0.1 unless ``--bind`` says otherwise;
 beyond loopback it needs the job's token (``$ANTDT_JOB_TOKEN`` or ``--token_file``), which
 every call must then carry (``antdt_tf.auth``); its tasks inherit the token.
 

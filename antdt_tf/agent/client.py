@@ -1,4 +1,5 @@
-"""AgentClient: what the launcher (and the controller) use to act through an agent."""
+"""AgentClient: what the master's job runner (its backends) uses to act through an agent:
+to start its tasks and to carry out the Controller's actions."""
 
 from __future__ import annotations
 

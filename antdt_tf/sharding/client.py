@@ -1,4 +1,5 @@
-"""ShardingClient: what a trainer (or agent, or launcher) uses to talk to the master.
+"""ShardingClient: what a trainer (or the launcher following a job, or the master's own
+job runner, in process) uses to talk to the master's sharding service.
 
 Every call carries a deadline; calls wait for the master to be reachable
 (``wait_for_ready``) and gRPC retries UNAVAILABLE for them, so a master restart
