@@ -93,7 +93,19 @@ flags.DEFINE_string("master", "", "--backend=agents|kubernetes: host:port of the
 flags.DEFINE_float("host_timeout_seconds", DEFAULTS["host_timeout_seconds"],
                    "--backend=agents: a host whose agent was not heard from for this long is "
                    "lost; its tasks are relaunched on the others.")
-flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model to train.")
+flags.DEFINE_enum("model", "deepfm", ["deepfm"], "The model antdt-tf's own trainers train "
+                  "(without --program).")
+flags.DEFINE_string("program", "", "Your own training program, run as the job's chief "
+                    "(--api=custom_loop|keras) or as every worker (--api=mts|estimator): "
+                    "/path/to/train.py, or pkg.module[:function] found in --code_dir. Its "
+                    "arguments follow '--'. It gets the job from its environment "
+                    "(TF_CONFIG, ANTDT_*; docs/program.md). Empty: antdt-tf's DeepFM.")
+flags.DEFINE_string("code_dir", "", "--program=pkg.module: the directory its package is in "
+                    "(default: the current directory). Every host must see it at this path "
+                    "(agents: under their --program_roots).")
+flags.DEFINE_string("data_format", "auto", "--program: the format of --data, to count its "
+                    "records: adtr, tfrecord, tfrecord_gzip, tfrecord_zlib, or module:Class "
+                    "of your own with count(path); auto: from the file names.")
 flags.DEFINE_boolean("local_security", True, "--backend=local: give the job a fresh token "
                      "and a throw-away CA (workdir/tls), so every call between its processes "
                      "is authenticated and encrypted, as across real hosts.")
@@ -188,7 +200,7 @@ def master_address() -> str:
     return f"antdt-master.{FLAGS.namespace}.svc.cluster.local:7470"
 
 
-def config_from_flags() -> Job:
+def config_from_flags(program_args: tuple = ()) -> Job:
     if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
         raise app.UsageError("--num_ps and --num_workers must be >= 1")
     if FLAGS.num_hosts < 0:
@@ -271,9 +283,26 @@ def config_from_flags() -> Job:
     if not remote and FLAGS.checkpoint_dir and pathlib.Path(FLAGS.checkpoint_dir).exists() \
             and not pathlib.Path(FLAGS.checkpoint_dir).is_dir():
         raise app.UsageError(f"--checkpoint_dir={FLAGS.checkpoint_dir} is not a directory")
+    program, code_dir, files = "", "", []
+    if FLAGS.program:
+        from antdt_tf.launcher.program import count_data, resolve_program
+
+        try:
+            program, code_dir = resolve_program(FLAGS.program, FLAGS.code_dir, remote)
+            if FLAGS.data and not remote:
+                files = count_data(FLAGS.data, FLAGS.data_format, code_dir)
+        except (InvalidRequest, AntdtError) as e:
+            raise app.UsageError(str(e)) from e
+        if FLAGS.eval_data:
+            raise app.UsageError("--eval_data is for antdt-tf's own trainers; your program "
+                                 "evaluates as it likes (its own arguments, after '--')")
+    elif FLAGS.code_dir or FLAGS.data_format != "auto":
+        raise app.UsageError("--code_dir and --data_format go with --program")
     data, eval_data = (str(pathlib.Path(f).resolve()) if f else "" for f in
-                       (FLAGS.data, FLAGS.eval_data))
-    if data and not remote:       # (the master checks the data when it takes the job)
+                       (FLAGS.data if not files else "", FLAGS.eval_data))
+    if files or (FLAGS.program and FLAGS.data):
+        pass                      # counted above (or, remote, on the cluster's volume)
+    elif data and not remote:     # (the master checks the data when it takes the job)
         from antdt_tf.data.records import RecordFile
         try:
             RecordFile(data)
@@ -293,17 +322,21 @@ def config_from_flags() -> Job:
         if FLAGS.backend == "ray" else "",
         "task_ports": FLAGS.task_ports, "data": data, "eval_data": eval_data,
         "workdir": workdir or "", "injections": injections, "policy": policy_name,
-        "estimator_python": estimator_python}))
+        "estimator_python": estimator_python, "program": program,
+        "program_args": list(program_args), "code_dir": code_dir}))
+    cfg = cfg.replace(files=files)
     try:    # what the master would refuse at submission, refused before anything exists
-        spec = cfg.replace(data=data or "(generated)",
-                           workdir=workdir or pathlib.Path(tempfile.gettempdir()).resolve())
+        spec = cfg.replace(
+            data=data or ("(generated)" if not program else ""),
+            workdir=workdir or pathlib.Path(tempfile.gettempdir()).resolve(),
+            files=files or ([("(generated)", 1)] if program else []))
         validate(spec.spec)
         check_traits(spec.spec, traits)     # a user's policy too (the presets: in validate)
     except InvalidRequest as e:
         raise app.UsageError(str(e).replace("JobSpec.", "--")) from e
     if FLAGS.dry_run:     # nothing is created: where the job's files would go
         workdir = workdir or pathlib.Path(tempfile.gettempdir()).resolve() / "antdt-job-NEW"
-        if not data:
+        if not data and not files:
             data, eval_data = generated_paths(workdir, FLAGS.eval_records)
     else:
         try:
@@ -313,11 +346,13 @@ def config_from_flags() -> Job:
                 workdir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise app.UsageError(f"--workdir={workdir} cannot be created: {e.strerror}") from e
-        if not data:
+        if not data and not files:
             print(f"generating {FLAGS.generate_records:,} + {FLAGS.eval_records:,} synthetic "
                   f"records into {workdir / 'data'}", file=sys.stderr)
             data, eval_data = generate_data(workdir, FLAGS.generate_records,
                                             FLAGS.eval_records, FLAGS.data_seed)
+            if program:      # the program reads the generated .adtr file as its data
+                cfg = cfg.replace(files=[(data, FLAGS.generate_records)])
     ckpt = str(pathlib.Path(FLAGS.checkpoint_dir).resolve()) if FLAGS.checkpoint_dir else str(
         workdir / "checkpoints")
     return cfg.replace(workdir=workdir, data=data, eval_data=eval_data, checkpoint_dir=ckpt,
@@ -326,10 +361,11 @@ def config_from_flags() -> Job:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if len(argv) > 1 and not FLAGS.program:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]} (a program's own "
+                             "arguments go with --program, after '--')")
     auth.flag_tls()       # checked before config_from_flags creates the workdir
-    cfg = config_from_flags()
+    cfg = config_from_flags(tuple(argv[1:]))
     if FLAGS.dry_run:
         from antdt_tf.launcher.dry_run import describe
 

@@ -14,7 +14,8 @@ from antdt_tf.proto import job_pb2 as jpb
 # and what the launcher derives (the hosts, the Ray namespace, the TF 2.15 interpreter)
 NO_DEFAULT = {"num_hosts", "data", "eval_data", "checkpoint_dir", "workdir", "injections",
               "chief_addresses", "ps_addresses", "worker_addresses", "ray_namespace",
-              "task_ports", "estimator_python"}
+              "task_ports", "estimator_python", "program", "program_args", "code_dir",
+              "data_files"}
 
 
 def test_every_spec_field_has_one_default_or_is_named_as_having_none():

@@ -62,6 +62,12 @@ flags.DEFINE_list("job_root", [], "Every path a task is started with (checkpoint
                   "comma-separated); other paths are refused. Default: --task_log_dir.")
 flags.DEFINE_list("read_roots", [], "Directories a task may also read (not write) data "
                   "from, e.g. the training data's directory.")
+flags.DEFINE_list("program_roots", [], "Directories the jobs' own training programs may be "
+                  "run from (a program file, or a module's code_dir, must lie under one, "
+                  "symlinks resolved; docs/program.md). Empty: this agent runs antdt-tf's "
+                  "own trainers only. Whoever holds the job's token may run any program "
+                  "placed here, as with any job submission: allow only directories the "
+                  "job's users write (docs/security.md).")
 auth.define_server_flags("runs programs on this host")
 flags.DEFINE_string("estimator_python", "", "Interpreter for tf.estimator programs (a TF 2.15 "
                     "venv, e.g. .venv-tf215/bin/python); default: this agent's Python.")
@@ -195,7 +201,8 @@ def main(argv):
     log_dir = FLAGS.task_log_dir or tempfile.mkdtemp(prefix=f"antdt-agent-{FLAGS.host_name}-")
     reporter = None
     paths = PathPolicy(tuple(os.path.abspath(r) for r in FLAGS.job_root or [log_dir]),
-                       tuple(os.path.abspath(r) for r in FLAGS.read_roots))
+                       tuple(os.path.abspath(r) for r in FLAGS.read_roots),
+                       tuple(os.path.abspath(r) for r in FLAGS.program_roots))
     try:
         supervisor = TaskSupervisor(log_dir, on_change=lambda s: reporter and reporter.wake.set(),
                                     estimator_python=FLAGS.estimator_python, paths=paths)

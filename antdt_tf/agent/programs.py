@@ -43,10 +43,13 @@ class PathPolicy:
     before the check, so a link inside a root that points out of it is refused too."""
     job_roots: tuple
     read_roots: tuple = ()
+    # where the jobs' own programs may be run from (antdt-agent --program_roots)
+    program_roots: tuple = ()
 
     def __post_init__(self):
         if not self.job_roots or not all(os.path.isabs(r) for r in
-                                         (*self.job_roots, *self.read_roots)):
+                                         (*self.job_roots, *self.read_roots,
+                                          *self.program_roots)):
             raise ValueError("an agent needs a job root; roots must be absolute paths")
 
     def _under(self, path: str, roots: Iterable[str]) -> bool:
@@ -70,6 +73,24 @@ class PathPolicy:
             raise InvalidRequest(f"{what} {_show(path)} is outside the job root of this agent "
                                  f"(must be under {allowed}; see antdt-agent --job_root"
                                  f"{' and --read_roots' if read_only else ''})")
+        return path
+
+    def program(self, what: str, path: str) -> str:
+        """A job's own code (a program file or a module's directory): an absolute path
+        that exists, under a program root once symlinks are resolved."""
+        if "\0" in path or len(path) > _MAX_TEXT or not os.path.isabs(path):
+            raise InvalidRequest(f"{what} must be an absolute path, got {_show(path)}")
+        if not self.program_roots:
+            raise InvalidRequest(f"{what} {_show(path)}: this agent runs no job's own "
+                                 "programs (its operator allows them with antdt-agent "
+                                 "--program_roots)")
+        if not self._under(path, self.program_roots):
+            allowed = " or ".join(_show(r) for r in self.program_roots)
+            raise InvalidRequest(f"{what} {_show(path)} is outside the program roots of "
+                                 f"this agent (must be under {allowed}, symlinks resolved; "
+                                 "see antdt-agent --program_roots)")
+        if not os.path.exists(path):
+            raise InvalidRequest(f"{what} {_show(path)} does not exist on this host")
         return path
 
 
@@ -250,14 +271,125 @@ def _probe(args: cpb.ProbeTaskArgs, paths: PathPolicy, bind_host: str = "") -> C
     return Command("antdt_tf.agent.probe_task", tuple(argv))
 
 
+# antdt-tf's own trainers, run as programs from the installed package (no program root)
+BUILTIN_PROGRAMS = ("antdt_tf.tf.coordinator", "antdt_tf.tf.keras_trainer",
+                    "estimator_examples.train_mts", "estimator_examples.train_estimator")
+_MODULE = re.compile(r"[A-Za-z_]\w{0,63}(?:\.[A-Za-z_]\w{0,63}){0,15}(?::[A-Za-z_]\w{0,63})?\Z")
+_ROLES = {"custom_loop": ("chief",), "keras": ("chief",), "mts": ("worker",),
+          "estimator": ("worker", "ps")}
+
+
+def _module_file(code_dir: str, module: str) -> str:
+    """Where ``module`` lives under ``code_dir``: its ``.py`` file, or its package's
+    ``__main__.py`` / ``__init__.py``."""
+    base = os.path.join(code_dir, *module.split("."))
+    for candidate in (base + ".py", os.path.join(base, "__main__.py"),
+                      os.path.join(base, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return ""
+
+
+def _program_spec(args: cpb.UserProgramArgs, paths: PathPolicy) -> tuple[str, tuple]:
+    """The program to run (a checked file path, or a module) and its import path."""
+    program = args.program
+    if program.endswith(".py"):
+        if args.code_dir:
+            raise InvalidRequest("user_program.code_dir goes with a module program, not a "
+                                 f"file ({_show(program)} runs from its own directory)")
+        path = paths.program("user_program.program", program)
+        if not os.path.isfile(path):
+            raise InvalidRequest(f"user_program.program {_show(program)} is not a file")
+        return path, ()
+    if not _MODULE.match(program):
+        raise InvalidRequest(f"user_program.program must be /abs/path/file.py or "
+                             f"pkg.module[:function], got {_show(program)}")
+    module = program.partition(":")[0]
+    if not args.code_dir:
+        if module not in BUILTIN_PROGRAMS:
+            raise InvalidRequest(f"user_program.program {_show(program)} needs its "
+                                 "code_dir (the directory its package is in), or is one of "
+                                 f"antdt-tf's own: {', '.join(BUILTIN_PROGRAMS)}")
+        return program, ()
+    code_dir = paths.program("user_program.code_dir", args.code_dir)
+    found = _module_file(code_dir, module)
+    if not found:
+        raise InvalidRequest(f"user_program.program: module {_show(module)} is not in "
+                             f"code_dir {_show(code_dir)}")
+    paths.program("user_program.program", found)   # a symlink out of the roots is refused
+    return program, (code_dir,)
+
+
+def _user_program(args: cpb.UserProgramArgs, paths: PathPolicy, generation: int) -> Command:
+    from antdt_tf import program as contract
+
+    if args.api not in _ROLES:
+        raise InvalidRequest(f"user_program.api must be one of {tuple(_ROLES)}, got "
+                             f"{_show(args.api)}")
+    if args.role not in _ROLES[args.api]:
+        raise InvalidRequest(f"user_program.role of an {args.api} job must be one of "
+                             f"{_ROLES[args.api]}, got {_show(args.role)}")
+    if len(args.argv) > 1000 or any(len(a) > _MAX_TEXT for a in args.argv):
+        raise InvalidRequest("user_program.argv: at most 1000 arguments of at most "
+                             f"{_MAX_TEXT} characters")
+    program, import_path = _program_spec(args, paths)
+    jobs = ("chief", "ps", "worker") if args.api in ("custom_loop", "keras") else ("ps", "worker")
+    cluster = _cluster("user_program.cluster", args.cluster, jobs)
+    if args.api in ("custom_loop", "keras") and len(cluster.get("chief", ())) != 1:
+        raise InvalidRequest("user_program.cluster needs one chief address")
+    if not 0 <= args.index < len(cluster["worker" if args.role == "worker" else args.role]):
+        raise InvalidRequest(f"user_program.index {args.index} is not a {args.role} of the "
+                             "cluster")
+    if args.api == "estimator":     # Estimator's own roles: worker 0 is its chief
+        workers = cluster["worker"]
+        task = ({"type": "ps", "index": args.index} if args.role == "ps" else
+                {"type": "chief", "index": 0} if args.index == 0 else
+                {"type": "worker", "index": args.index - 1})
+        cluster = {"chief": workers[:1], "worker": workers[1:], "ps": cluster["ps"]}
+    else:
+        task = {"type": args.role, "index": args.index}
+    ctx = contract.Context(
+        master=_address("user_program.master", args.master),
+        dataset=_name("user_program.dataset", args.dataset),
+        checkpoint_dir=paths.check("user_program.checkpoint_dir", args.checkpoint_dir),
+        checkpoint_every_seconds=_positive("user_program.checkpoint_every_seconds",
+                                           args.checkpoint_every_seconds, allow_zero=True),
+        report_json=paths.check("user_program.report_json", args.report_json),
+        api=args.api, role=args.role, index=args.index, generation=generation,
+        worker_slots=args.worker_slots, audit=args.audit,
+        tf_config={"cluster": cluster, "task": task})
+    env = contract.environment(ctx)
+    if args.standby_file:
+        env[contract.STANDBY_FILE_ENV] = paths.check("user_program.standby_file",
+                                                     args.standby_file)
+        env[contract.STANDBY_ADDRESS_ENV] = cluster[task["type"]][task["index"]]
+    python_path = [*import_path]
+    if args.api == "estimator":     # the TF 2.15 interpreter runs this source tree too
+        python_path.append(str(SOURCE_ROOT))
+    if python_path:
+        env["PYTHONPATH"] = os.pathsep.join(python_path)
+    return Command("antdt_tf.program_main", (program, *args.argv),
+                   env=tuple(sorted(env.items())), estimator=args.api == "estimator")
+
+
 # program -> (the oneof field its arguments go in, how its command line is built)
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """What a builder may need besides the program's arguments."""
+    paths: PathPolicy
+    bind_host: str = ""
+    generation: int = 0
+
+
 _BUILDERS: dict[int, tuple[str, Callable]] = {
-    cpb.TF_SERVER: ("tf_server", _tf_server),
-    cpb.PSS_CHIEF: ("chief", lambda a, p: _chief(a, p, keras=False)),
-    cpb.KERAS_CHIEF: ("chief", lambda a, p: _chief(a, p, keras=True)),
-    cpb.MTS_TRAINER: ("tf1_trainer", lambda a, p: _tf1_trainer(a, p, estimator=False)),
-    cpb.ESTIMATOR_TRAINER: ("tf1_trainer", lambda a, p: _tf1_trainer(a, p, estimator=True)),
-    cpb.PROBE_TASK: ("probe", _probe),
+    cpb.TF_SERVER: ("tf_server", lambda a, s: _tf_server(a, s.paths)),
+    cpb.PSS_CHIEF: ("chief", lambda a, s: _chief(a, s.paths, keras=False)),
+    cpb.KERAS_CHIEF: ("chief", lambda a, s: _chief(a, s.paths, keras=True)),
+    cpb.MTS_TRAINER: ("tf1_trainer", lambda a, s: _tf1_trainer(a, s.paths, estimator=False)),
+    cpb.ESTIMATOR_TRAINER: ("tf1_trainer",
+                            lambda a, s: _tf1_trainer(a, s.paths, estimator=True)),
+    cpb.PROBE_TASK: ("probe", lambda a, s: _probe(a, s.paths, s.bind_host)),
+    cpb.USER_PROGRAM: ("user_program", lambda a, s: _user_program(a, s.paths, s.generation)),
 }
 PROGRAM_NAMES = tuple(cpb.Program.Name(p) for p in _BUILDERS)
 
@@ -278,9 +410,7 @@ def command_for(req: cpb.StartTaskRequest, paths: PathPolicy, bind_host: str = "
     if given != field:
         raise InvalidRequest(f"{cpb.Program.Name(req.program)} takes its arguments in "
                              f"'{field}', got {given or 'none'}")
-    args = getattr(req, field)
-    command = (build(args, paths, bind_host) if req.program == cpb.PROBE_TASK
-               else build(args, paths))
+    command = build(getattr(req, field), _Start(paths, bind_host, req.generation))
     if any("\0" in a or len(a) > 1_000_000 for a in command.argv):
         raise InvalidRequest("an argument is not usable (NUL byte or over 1 MB)")
     return command

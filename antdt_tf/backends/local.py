@@ -50,9 +50,11 @@ class LoopbackAgentsBackend(AgentsBackend):
 class LocalBackend(LoopbackAgentsBackend):
     def __init__(self, num_hosts: int, workdir, estimator_python: str = "",
                  master: str = "", host_timeout: float = 10.0, start_timeout: float = 60.0,
-                 job_roots: tuple = (), read_roots: tuple = (), network=None):
+                 job_roots: tuple = (), read_roots: tuple = (), network=None,
+                 program_roots: tuple = ()):
         """``job_roots``: where tasks may write besides ``workdir`` (e.g. a checkpoint
         directory elsewhere); ``read_roots``: where they may read data from;
+        ``program_roots``: where the job's own program may run from;
         ``network``: a PrivateNetwork the agents (and so their tasks) run in — then only
         processes in it reach them, this object's own calls included."""
         self.network = network
@@ -60,7 +62,8 @@ class LocalBackend(LoopbackAgentsBackend):
             raise ValueError(f"num_hosts must be >= 1, got {num_hosts}")
         self.workdir = pathlib.Path(workdir)
         self._roots = [",".join(str(pathlib.Path(r).resolve()) for r in (workdir, *job_roots)),
-                       ",".join(str(pathlib.Path(r).resolve()) for r in read_roots)]
+                       ",".join(str(pathlib.Path(r).resolve()) for r in read_roots),
+                       ",".join(str(pathlib.Path(r).resolve()) for r in program_roots)]
         self.procs: dict[str, subprocess.Popen] = {}
         addresses = []
         try:
@@ -81,7 +84,8 @@ class LocalBackend(LoopbackAgentsBackend):
         args = [sys.executable, "-m", "antdt_tf.agent.agent", f"--host_name={name}",
                 "--port=0", f"--port_file={port_file}", f"--task_log_dir={host_dir}",
                 "--advertise=127.0.0.1", f"--estimator_python={estimator_python}",
-                f"--job_root={self._roots[0]}", f"--read_roots={self._roots[1]}"]
+                f"--job_root={self._roots[0]}", f"--read_roots={self._roots[1]}",
+                f"--program_roots={self._roots[2]}"]
         if master:
             args.append(f"--master={master}")
         if self.network is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import re
 
 from antdt_tf import limits
 from antdt_tf.agent.inject import Injection
@@ -92,9 +93,13 @@ class Job:
 
     def replace(self, **fields) -> "Job":
         """A copy with ``fields`` changed (``workdir`` may be a path, ``addresses`` a
-        ``{job: [host:port]}`` dict)."""
+        ``{job: [host:port]}`` dict, ``files`` the data files as ``[(path, records)]``)."""
         spec = jpb.JobSpec()
         spec.CopyFrom(self.spec)
+        if "files" in fields:
+            del spec.data_files[:]
+            spec.data_files.extend(jpb.DataFileSpec(path=p, num_records=n)
+                                   for p, n in fields.pop("files"))
         if "workdir" in fields:
             fields["workdir"] = str(fields["workdir"])
         for job, given in fields.pop("addresses", {}).items():
@@ -119,6 +124,21 @@ class Job:
         """The local backend's submitted loopback address of every task, by job (empty
         elsewhere: there addresses are chosen where the tasks land)."""
         return {job: list(getattr(self.spec, f"{job}_addresses")) for job in _JOBS}
+
+    @property
+    def files(self) -> list[tuple[str, int]]:
+        """The job's data as ``[(path, records)]`` (the submitter counted them); empty
+        for a spec that names one .adtr file in ``data`` (counted where it is read)."""
+        return [(f.path, f.num_records) for f in self.spec.data_files]
+
+    @property
+    def program_root(self) -> str:
+        """Where the job's own code lies (a program file's directory, a module's
+        code_dir; empty for antdt-tf's own trainers): a local job's agents run programs
+        from there only."""
+        if self.spec.program.endswith(".py"):
+            return str(pathlib.PurePosixPath(self.spec.program).parent)
+        return self.spec.code_dir
 
     @property
     def agents(self) -> bool:
@@ -174,7 +194,6 @@ _INT_RANGES = {
     "data_seed": (-2**31, 2**31 - 1)}
 _POSITIVE = ("learning_rate", "timeout_seconds", "controller_interval_seconds",
              "checkpoint_every_seconds")
-_STRING_LISTS = ("chief_addresses", "ps_addresses", "worker_addresses")
 
 
 def _check_ranges(spec) -> None:
@@ -196,7 +215,7 @@ def _check_ranges(spec) -> None:
             if name in _POSITIVE and not value > 0:
                 raise InvalidRequest(f"JobSpec.{name} must be > 0, got {value}")
         elif field.type == field.TYPE_STRING:
-            values = list(value) if name in _STRING_LISTS else [value]
+            values = [value] if isinstance(value, str) else list(value)
             if len(values) > limits.MAX_JOB_WORKERS:
                 raise InvalidRequest(f"JobSpec.{name}: {len(values)} entries, at most "
                                      f"{limits.MAX_JOB_WORKERS} allowed")
@@ -205,6 +224,16 @@ def _check_ranges(spec) -> None:
                     raise InvalidRequest(f"JobSpec.{name} {shown(v)} is longer than "
                                          f"{limits.MAX_STRING_CHARS} characters or holds "
                                          "a NUL character")
+    if len(spec.data_files) > limits.MAX_FILES:
+        raise InvalidRequest(f"JobSpec: {len(spec.data_files)} data files, at most "
+                             f"{limits.MAX_FILES} allowed")
+    for f in spec.data_files:
+        if not f.path or len(f.path) > limits.MAX_PATH_CHARS or "\0" in f.path:
+            raise InvalidRequest(f"JobSpec data file {shown(f.path)}: not a usable path")
+        if not 1 <= f.num_records <= limits.MAX_RECORDS_PER_EPOCH:
+            raise InvalidRequest(f"JobSpec data file {shown(f.path)}: num_records must be "
+                                 f"in [1, {limits.MAX_RECORDS_PER_EPOCH}], got "
+                                 f"{f.num_records}")
     if len(spec.injections) > limits.MAX_INJECTIONS:
         raise InvalidRequest(f"JobSpec: {len(spec.injections)} injections, at most "
                              f"{limits.MAX_INJECTIONS} allowed")
@@ -301,13 +330,47 @@ def validate(spec) -> None:
     if not spec.workdir or not pathlib.Path(spec.workdir).is_absolute():
         raise InvalidRequest(f"JobSpec.workdir must be an absolute path, got "
                              f"{shown(spec.workdir)}")
-    if not spec.data:
-        raise InvalidRequest("JobSpec.data is empty")
+    if not spec.data and not spec.data_files:
+        raise InvalidRequest("JobSpec.data and JobSpec.data_files are empty")
+    _check_program(spec)
     if spec.backend == "ray" and not spec.ray_namespace:
         raise InvalidRequest("JobSpec.ray_namespace is empty (the ray backend names the "
                              "job's actors there)")
     if spec.task_ports:
         task_port_range(spec.task_ports)
+
+
+# a job's own program: /abs/dir/file.py, or pkg.module[:function] (found in code_dir)
+_PROGRAM_MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?::[A-Za-z_]\w*)?\Z")
+
+
+def _check_program(spec) -> None:
+    """A job's own program is named the way an agent can run it (where it lies is the
+    agent's to check: under its --program_roots, on that host)."""
+    if not spec.program:
+        if spec.program_args or spec.code_dir:
+            raise InvalidRequest("JobSpec.program_args and JobSpec.code_dir go with "
+                                 "JobSpec.program")
+        if not spec.data:
+            raise InvalidRequest("JobSpec.data is empty: antdt-tf's own trainers read one "
+                                 ".adtr file (a program of your own reads JobSpec.data_files)")
+        return
+    if spec.program.endswith(".py"):
+        if not pathlib.PurePosixPath(spec.program).is_absolute():
+            raise InvalidRequest(f"JobSpec.program {shown(spec.program)} must be an "
+                                 "absolute path (every host runs it from there)")
+        if spec.code_dir:
+            raise InvalidRequest("JobSpec.code_dir goes with a module program "
+                                 "(pkg.module[:function]); a file runs from its directory")
+    elif not _PROGRAM_MODULE.match(spec.program):
+        raise InvalidRequest(f"JobSpec.program must be /abs/path/file.py or "
+                             f"pkg.module[:function], got {shown(spec.program)}")
+    elif spec.code_dir and not pathlib.PurePosixPath(spec.code_dir).is_absolute():
+        raise InvalidRequest(f"JobSpec.code_dir {shown(spec.code_dir)} must be an absolute "
+                             "path")
+    if not spec.data_files:
+        raise InvalidRequest("JobSpec.data_files is empty: a job's own program trains on "
+                             "files the submitter counted (antdt-launch --data)")
 
 
 def default_namespace(workdir) -> str:

@@ -157,7 +157,8 @@ def follow(cfg: Job, master: str, embedded: Optional[EmbeddedMaster] = None,
     from antdt_tf.sharding.client import ShardingClient
 
     try:
-        num_records = RecordFile(cfg.data).num_records
+        num_records = (sum(n for _, n in cfg.files) if cfg.files
+                       else RecordFile(cfg.data).num_records)
     except (AntdtError, OSError):
         if cfg.backend != "kubernetes":
             raise
@@ -258,11 +259,14 @@ def run_local(cfg: Job, secure: bool = True, isolate: bool = True,
     try:
         with (job_security(cfg.workdir / "tls") if secure else contextlib.nullcontext()):
             master = EmbeddedMaster(cfg, ports[0], tf_rpc_port=ports[2], network=network)
-            data = {pathlib.Path(p).resolve().parent for p in (cfg.data, cfg.eval_data) if p}
+            data = {pathlib.Path(p).resolve().parent for p in
+                    (cfg.data, cfg.eval_data, *(f for f, _ in cfg.files)) if p}
             hosts = LocalBackend(cfg.num_hosts, cfg.workdir,
                                  estimator_python=cfg.estimator_python,
                                  master=master.address, job_roots=(cfg.checkpoint_dir,),
-                                 read_roots=tuple(sorted(data)), network=network)
+                                 read_roots=tuple(sorted(data)), network=network,
+                                 program_roots=(cfg.program_root,) if cfg.program_root
+                                 else ())
             try:
                 master.start()
                 return follow(cfg, master.client_address, embedded=master,

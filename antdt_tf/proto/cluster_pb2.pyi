@@ -16,6 +16,7 @@ class Program(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MTS_TRAINER: _ClassVar[Program]
     ESTIMATOR_TRAINER: _ClassVar[Program]
     PROBE_TASK: _ClassVar[Program]
+    USER_PROGRAM: _ClassVar[Program]
 PROGRAM_UNSPECIFIED: Program
 TF_SERVER: Program
 PSS_CHIEF: Program
@@ -23,6 +24,7 @@ KERAS_CHIEF: Program
 MTS_TRAINER: Program
 ESTIMATOR_TRAINER: Program
 PROBE_TASK: Program
+USER_PROGRAM: Program
 
 class TaskRef(_message.Message):
     __slots__ = ("job", "index")
@@ -140,6 +142,40 @@ class ChiefArgs(_message.Message):
     audit: bool
     def __init__(self, master: _Optional[str] = ..., dataset: _Optional[str] = ..., batch_size: _Optional[int] = ..., buckets: _Optional[int] = ..., learning_rate: _Optional[float] = ..., report_json: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every_seconds: _Optional[float] = ..., checkpoint_every_shards: _Optional[int] = ..., data_path: _Optional[str] = ..., tensorboard_dir: _Optional[str] = ..., worker_slots: _Optional[int] = ..., mode: _Optional[str] = ..., eval_data: _Optional[str] = ..., audit: bool = ...) -> None: ...
 
+class UserProgramArgs(_message.Message):
+    __slots__ = ("program", "argv", "code_dir", "api", "role", "index", "cluster", "master", "dataset", "checkpoint_dir", "checkpoint_every_seconds", "report_json", "worker_slots", "audit", "standby_file")
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    CODE_DIR_FIELD_NUMBER: _ClassVar[int]
+    API_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FILE_FIELD_NUMBER: _ClassVar[int]
+    program: str
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    code_dir: str
+    api: str
+    role: str
+    index: int
+    cluster: ClusterAddresses
+    master: str
+    dataset: str
+    checkpoint_dir: str
+    checkpoint_every_seconds: float
+    report_json: str
+    worker_slots: int
+    audit: bool
+    standby_file: str
+    def __init__(self, program: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., code_dir: _Optional[str] = ..., api: _Optional[str] = ..., role: _Optional[str] = ..., index: _Optional[int] = ..., cluster: _Optional[_Union[ClusterAddresses, _Mapping]] = ..., master: _Optional[str] = ..., dataset: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every_seconds: _Optional[float] = ..., report_json: _Optional[str] = ..., worker_slots: _Optional[int] = ..., audit: bool = ..., standby_file: _Optional[str] = ...) -> None: ...
+
 class Tf1TrainerArgs(_message.Message):
     __slots__ = ("cluster", "task_index", "job", "checkpoint_dir", "master", "dataset", "data", "batch_size", "buckets", "learning_rate", "save_secs", "report_json", "audit", "eval_data", "register", "standby_file")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -191,13 +227,14 @@ class ProbeTaskArgs(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., name: _Optional[str] = ..., exit_after_seconds: _Optional[float] = ..., exit_code: _Optional[int] = ..., allocate_mb: _Optional[int] = ...) -> None: ...
 
 class StartTaskRequest(_message.Message):
-    __slots__ = ("task", "program", "tf_server", "chief", "tf1_trainer", "probe", "generation", "endpoint", "memory_limit_bytes")
+    __slots__ = ("task", "program", "tf_server", "chief", "tf1_trainer", "probe", "user_program", "generation", "endpoint", "memory_limit_bytes")
     TASK_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     TF_SERVER_FIELD_NUMBER: _ClassVar[int]
     CHIEF_FIELD_NUMBER: _ClassVar[int]
     TF1_TRAINER_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
+    USER_PROGRAM_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -207,10 +244,11 @@ class StartTaskRequest(_message.Message):
     chief: ChiefArgs
     tf1_trainer: Tf1TrainerArgs
     probe: ProbeTaskArgs
+    user_program: UserProgramArgs
     generation: int
     endpoint: str
     memory_limit_bytes: int
-    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., program: _Optional[_Union[Program, str]] = ..., tf_server: _Optional[_Union[TfServerArgs, _Mapping]] = ..., chief: _Optional[_Union[ChiefArgs, _Mapping]] = ..., tf1_trainer: _Optional[_Union[Tf1TrainerArgs, _Mapping]] = ..., probe: _Optional[_Union[ProbeTaskArgs, _Mapping]] = ..., generation: _Optional[int] = ..., endpoint: _Optional[str] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., program: _Optional[_Union[Program, str]] = ..., tf_server: _Optional[_Union[TfServerArgs, _Mapping]] = ..., chief: _Optional[_Union[ChiefArgs, _Mapping]] = ..., tf1_trainer: _Optional[_Union[Tf1TrainerArgs, _Mapping]] = ..., probe: _Optional[_Union[ProbeTaskArgs, _Mapping]] = ..., user_program: _Optional[_Union[UserProgramArgs, _Mapping]] = ..., generation: _Optional[int] = ..., endpoint: _Optional[str] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class StopTaskRequest(_message.Message):
     __slots__ = ("task", "kill", "grace_seconds", "generation")

@@ -27,8 +27,16 @@ class InjectionSpec(_message.Message):
     factor: float
     def __init__(self, kind: _Optional[str] = ..., job: _Optional[str] = ..., index: _Optional[int] = ..., at: _Optional[float] = ..., percent: bool = ..., until: _Optional[float] = ..., has_until: bool = ..., factor: _Optional[float] = ...) -> None: ...
 
+class DataFileSpec(_message.Message):
+    __slots__ = ("path", "num_records")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    num_records: int
+    def __init__(self, path: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
+
 class JobSpec(_message.Message):
-    __slots__ = ("api", "mode", "data_path", "num_ps", "num_workers", "max_workers", "num_hosts", "data", "eval_data", "epochs", "batch_size", "records_per_shard", "shuffle", "buckets", "learning_rate", "data_seed", "checkpoint_dir", "checkpoint_every_shards", "checkpoint_every_seconds", "audit", "workdir", "injections", "timeout_seconds", "max_restarts", "policy", "controller_interval_seconds", "straggler_window_seconds", "straggler_slow_ratio", "straggler_persistent_after_seconds", "relaunch_cost_seconds", "replace_ps_cost_seconds", "min_gain_seconds", "estimator_python", "backend", "host_timeout_seconds", "chief_addresses", "ps_addresses", "worker_addresses", "ray_namespace", "task_ports")
+    __slots__ = ("api", "mode", "data_path", "num_ps", "num_workers", "max_workers", "num_hosts", "data", "eval_data", "epochs", "batch_size", "records_per_shard", "shuffle", "buckets", "learning_rate", "data_seed", "checkpoint_dir", "checkpoint_every_shards", "checkpoint_every_seconds", "audit", "workdir", "injections", "timeout_seconds", "max_restarts", "policy", "controller_interval_seconds", "straggler_window_seconds", "straggler_slow_ratio", "straggler_persistent_after_seconds", "relaunch_cost_seconds", "replace_ps_cost_seconds", "min_gain_seconds", "estimator_python", "backend", "host_timeout_seconds", "chief_addresses", "ps_addresses", "worker_addresses", "ray_namespace", "task_ports", "program", "program_args", "code_dir", "data_files")
     API_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     DATA_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +77,10 @@ class JobSpec(_message.Message):
     WORKER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     RAY_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TASK_PORTS_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_ARGS_FIELD_NUMBER: _ClassVar[int]
+    CODE_DIR_FIELD_NUMBER: _ClassVar[int]
+    DATA_FILES_FIELD_NUMBER: _ClassVar[int]
     api: str
     mode: str
     data_path: str
@@ -109,7 +121,11 @@ class JobSpec(_message.Message):
     worker_addresses: _containers.RepeatedScalarFieldContainer[str]
     ray_namespace: str
     task_ports: str
-    def __init__(self, api: _Optional[str] = ..., mode: _Optional[str] = ..., data_path: _Optional[str] = ..., num_ps: _Optional[int] = ..., num_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., num_hosts: _Optional[int] = ..., data: _Optional[str] = ..., eval_data: _Optional[str] = ..., epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., records_per_shard: _Optional[int] = ..., shuffle: bool = ..., buckets: _Optional[int] = ..., learning_rate: _Optional[float] = ..., data_seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every_shards: _Optional[int] = ..., checkpoint_every_seconds: _Optional[float] = ..., audit: bool = ..., workdir: _Optional[str] = ..., injections: _Optional[_Iterable[_Union[InjectionSpec, _Mapping]]] = ..., timeout_seconds: _Optional[float] = ..., max_restarts: _Optional[int] = ..., policy: _Optional[str] = ..., controller_interval_seconds: _Optional[float] = ..., straggler_window_seconds: _Optional[float] = ..., straggler_slow_ratio: _Optional[float] = ..., straggler_persistent_after_seconds: _Optional[float] = ..., relaunch_cost_seconds: _Optional[float] = ..., replace_ps_cost_seconds: _Optional[float] = ..., min_gain_seconds: _Optional[float] = ..., estimator_python: _Optional[str] = ..., backend: _Optional[str] = ..., host_timeout_seconds: _Optional[float] = ..., chief_addresses: _Optional[_Iterable[str]] = ..., ps_addresses: _Optional[_Iterable[str]] = ..., worker_addresses: _Optional[_Iterable[str]] = ..., ray_namespace: _Optional[str] = ..., task_ports: _Optional[str] = ...) -> None: ...
+    program: str
+    program_args: _containers.RepeatedScalarFieldContainer[str]
+    code_dir: str
+    data_files: _containers.RepeatedCompositeFieldContainer[DataFileSpec]
+    def __init__(self, api: _Optional[str] = ..., mode: _Optional[str] = ..., data_path: _Optional[str] = ..., num_ps: _Optional[int] = ..., num_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., num_hosts: _Optional[int] = ..., data: _Optional[str] = ..., eval_data: _Optional[str] = ..., epochs: _Optional[int] = ..., batch_size: _Optional[int] = ..., records_per_shard: _Optional[int] = ..., shuffle: bool = ..., buckets: _Optional[int] = ..., learning_rate: _Optional[float] = ..., data_seed: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every_shards: _Optional[int] = ..., checkpoint_every_seconds: _Optional[float] = ..., audit: bool = ..., workdir: _Optional[str] = ..., injections: _Optional[_Iterable[_Union[InjectionSpec, _Mapping]]] = ..., timeout_seconds: _Optional[float] = ..., max_restarts: _Optional[int] = ..., policy: _Optional[str] = ..., controller_interval_seconds: _Optional[float] = ..., straggler_window_seconds: _Optional[float] = ..., straggler_slow_ratio: _Optional[float] = ..., straggler_persistent_after_seconds: _Optional[float] = ..., relaunch_cost_seconds: _Optional[float] = ..., replace_ps_cost_seconds: _Optional[float] = ..., min_gain_seconds: _Optional[float] = ..., estimator_python: _Optional[str] = ..., backend: _Optional[str] = ..., host_timeout_seconds: _Optional[float] = ..., chief_addresses: _Optional[_Iterable[str]] = ..., ps_addresses: _Optional[_Iterable[str]] = ..., worker_addresses: _Optional[_Iterable[str]] = ..., ray_namespace: _Optional[str] = ..., task_ports: _Optional[str] = ..., program: _Optional[str] = ..., program_args: _Optional[_Iterable[str]] = ..., code_dir: _Optional[str] = ..., data_files: _Optional[_Iterable[_Union[DataFileSpec, _Mapping]]] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("t", "text")

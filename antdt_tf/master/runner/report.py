@@ -5,6 +5,15 @@ read, not written)."""
 from __future__ import annotations
 
 
+def _per_worker(progress, field: str) -> list[int]:
+    """What the master counted per worker (a job's own program writes no summary)."""
+    if progress is None:
+        return []
+    workers = sorted((t for t in progress.tasks if t.task.type == "worker"),
+                     key=lambda t: t.task.index)
+    return [int(getattr(t, field)) for t in workers]
+
+
 def health_dict(h) -> dict:
     from antdt_tf.proto import cluster_pb2 as cpb
 
@@ -44,8 +53,9 @@ def build_report(job, *, progress, coordinator: dict, cpu_seconds: dict, now: fl
         "hosts": {f"{j}:{i}": job.host_names[h] for (j, i), h in sorted(job.placement.items())},
         "epochs": cfg.epochs, "batch_size": cfg.batch_size,
         "records_per_shard": cfg.records_per_shard,
-        "shards_per_worker": coord.get("shards_per_worker", []),
-        "records_per_worker": coord.get("records_per_worker", []),
+        "shards_per_worker": coord.get("shards_per_worker") or _per_worker(progress, "shards_done"),
+        "records_per_worker": coord.get("records_per_worker")
+        or _per_worker(progress, "records_done"),
         "auc": coord.get("auc"), "logloss": coord.get("logloss"),
         "injections": [str(j) for j in cfg.injections],
         "failures": [ev for ev in job.events if "failure" in ev],
@@ -77,7 +87,8 @@ def build_report(job, *, progress, coordinator: dict, cpu_seconds: dict, now: fl
                    and ev.get("task", "").startswith(("worker:", "ps:"))]
         faults = len([j for j in cfg.injections if j.kind == "kill"]) + len(
             [a for a in job.actions if a.kind == "RelaunchWorker"]) + len(outside)
-        bound = faults * cfg.batch_size
+        # a program of your own may say its batch size (docs/program.md)
+        bound = faults * int(coord.get("batch_size", cfg.batch_size))
         # a torn step (Keras audit: begun, cut by the kill, trained again) was
         # partly applied twice: it counts against the same one-batch bound
         off = audit.get("applied_other", 0) + audit.get("torn", 0)

@@ -52,7 +52,8 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
         from antdt_tf.data.records import RecordFile
 
         self.cfg = cfg
-        self.num_records = RecordFile(cfg.data).num_records
+        self.num_records = (sum(n for _, n in cfg.files) if cfg.files
+                            else RecordFile(cfg.data).num_records)
         slots = cfg.slots
         self.master_address = master_address
         self.services = services
@@ -237,7 +238,9 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
         import psutil
 
         progress = self._master_progress()
-        coordinator = json.loads(self.coordinator_report_path.read_text())
+        # the chief's summary (a job's own program may write none)
+        path = self.coordinator_report_path
+        coordinator = json.loads(path.read_text()) if path.exists() else {}
         for fault in self.pending_faults:
             fault.close()
         cpu = {}   # CPU seconds of every process of the job (latest incarnation of each task)

@@ -66,7 +66,8 @@ class TaskLaunching:
         from antdt_tf.job.spec import task_port_range
 
         cfg = self.cfg
-        data = {str(pathlib.Path(p).resolve().parent) for p in (cfg.data, cfg.eval_data) if p}
+        data = {str(pathlib.Path(p).resolve().parent) for p in
+                (cfg.data, cfg.eval_data, *(p for p, _ in cfg.files)) if p}
         return RayBackend(
             cfg.ray_namespace, os.environ.get("RAY_ADDRESS", "auto"),
             log_dir=str(cfg.workdir / "ray"),
@@ -154,7 +155,8 @@ class TaskLaunching:
         self.admin.register_dataset(DatasetSpec(
             "train", records_per_shard=self.cfg.records_per_shard,
             num_epochs=self.cfg.epochs, shuffle=self.cfg.shuffle, seed=self.cfg.data_seed,
-            files=(DataFile(self.cfg.data, self.num_records),),
+            files=(tuple(DataFile(p, n) for p, n in self.cfg.files)
+                   or (DataFile(self.cfg.data, self.num_records),)),
             static_workers=self.cfg.num_workers if traits.sharding == "static" else 0,
             tail_stealing=traits.tail_stealing and skips,
             backup_leases=traits.backup_leases and skips))

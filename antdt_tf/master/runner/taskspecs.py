@@ -37,6 +37,10 @@ def task_args(ctx: TaskContext, job: str, index: int, standby_file: str = "",
     cfg = ctx.cfg
     if cfg.tf1:
         return tf1_task_args(ctx, job, index, standby_file)
+    if job == "chief" and cfg.program:
+        return cpb.USER_PROGRAM, program_args(ctx, "chief", 0, cluster_addresses(
+            {"chief": ctx.spec["chief"], "ps": ctx.spec["ps"],
+             "worker": ctx.spec["worker"][:ctx.active_workers]}))
     if job in ("ps", "worker"):   # servers know every worker slot
         spec = {k: list(v) for k, v in ctx.spec.items()}
         if own_endpoint:
@@ -65,6 +69,19 @@ def task_args(ctx: TaskContext, job: str, index: int, standby_file: str = "",
     return cpb.PSS_CHIEF, args
 
 
+def program_args(ctx: TaskContext, role: str, index: int,
+                 cluster: cpb.ClusterAddresses) -> cpb.UserProgramArgs:
+    """The job's own program as ``role:index`` (docs/program.md: what it is told)."""
+    cfg = ctx.cfg
+    return cpb.UserProgramArgs(
+        program=cfg.program, argv=list(cfg.program_args), code_dir=cfg.code_dir,
+        api=cfg.api, role=role, index=index, cluster=cluster, master=ctx.master_address,
+        dataset="train", checkpoint_dir=str(cfg.checkpoint_dir),
+        checkpoint_every_seconds=cfg.checkpoint_every_seconds,
+        report_json=str(ctx.coordinator_report_path) if index == 0 else "",
+        worker_slots=len(ctx.spec["worker"]), audit=cfg.audit)
+
+
 def tf1_task_args(ctx: TaskContext, job: str, index: int, standby_file: str = ""):
     """TF1 between-graph: PS servers, and one trainer per worker (worker 0 the chief,
     which also writes the report); the master's worker i is the launcher's."""
@@ -74,6 +91,10 @@ def tf1_task_args(ctx: TaskContext, job: str, index: int, standby_file: str = ""
     if job == "ps" and cfg.api == "mts":
         return cpb.TF_SERVER, cpb.TfServerArgs(cluster=cluster, job="ps", index=index,
                                                standby_file=standby_file)
+    if cfg.program:
+        args = program_args(ctx, job, index, cluster)
+        args.standby_file = standby_file
+        return cpb.USER_PROGRAM, args
     # tf.estimator runs its PS from the same program (its role from TF_CONFIG)
     args = cpb.Tf1TrainerArgs(
         cluster=cluster, task_index=index, job=job, checkpoint_dir=str(cfg.checkpoint_dir),
