@@ -49,15 +49,16 @@ record`` the hooks' Python and reports, ``chief - hooks`` the chief's checkpoint
 
 from __future__ import annotations
 
-import argparse
+import itertools
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
-import tempfile
-import time
+
+from benchmarks import step_cost_harness as harness
+from benchmarks.procs import child_env, kill_group
+from benchmarks.results_table import argparse_smoke, non_default_flags
 
 VARIANTS = ("b", "model", "feed_noprefetch", "feed", "meta", "counter", "record", "hooks", "chief")
 PARTS = ("worker", "ps", "master")
@@ -83,7 +84,7 @@ def worker(args) -> None:
     from antdt_tf.estimator.feed import META_COLLECTION, RECORD_COLLECTION
     from antdt_tf.sharding.client import ShardingClient
     from antdt_tf.sharding.plan import DataFile, DatasetSpec
-    from benchmarks.compare_pss import tf1_static_graph
+    from benchmarks.pss.tf1_worker import tf1_static_graph
     from estimator_examples.deepfm_tf1 import deepfm_train_op
 
     spec = json.loads(args.cluster)
@@ -141,37 +142,29 @@ def worker(args) -> None:
         save_checkpoint_secs=None, save_checkpoint_steps=None, save_summaries_steps=None,
         save_summaries_secs=None, log_step_count_steps=None, hooks=hooks,
         chief_only_hooks=chief_hooks)
-    procs = {"worker": psutil.Process(), "ps": psutil.Process(args.ps_pid),
-             "master": psutil.Process(args.master_pid)}
+    measure = harness.cpu_clock({"worker": psutil.Process(), "ps": psutil.Process(args.ps_pid),
+                                 "master": psutil.Process(args.master_pid)})
 
-    def cpu():
-        return {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+    def steps(n):
+        for _ in range(n):
+            sess.run(fetches)
 
-    for _ in range(args.warmup):
-        sess.run(fetches)
-    c0, t0 = cpu(), time.perf_counter()
-    for _ in range(args.steps):
-        sess.run(fetches)
-    t1, c1 = time.perf_counter(), cpu()
-    result = {"wall": t1 - t0, **{k: c1[k] - c0[k] for k in PARTS}}
+    steps(args.warmup)
+    result = measure(lambda: steps(args.steps))
     pathlib.Path(args.result).write_text(json.dumps(result))
     sys.stdout.flush()
     os._exit(0)   # no orderly session close: the next run starts at once
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=6, help="runs per variant")
+    ap = harness.parser(__doc__, "benchmarks/results/tf1_step_cost.md", rounds=6,
+                        rounds_help="runs per variant", warmup=REPRODUCE_DEFAULTS["warmup"],
+                        warmup_help="unmeasured steps per run",
+                        batch_size=REPRODUCE_DEFAULTS["batch_size"],
+                        records_per_shard=REPRODUCE_DEFAULTS["records_per_shard"])
     ap.add_argument("--steps", type=int, default=300, help="measured steps per run")
-    ap.add_argument("--warmup", type=int, default=REPRODUCE_DEFAULTS["warmup"],
-                    help="unmeasured steps per run")
-    ap.add_argument("--batch_size", type=int, default=REPRODUCE_DEFAULTS["batch_size"])
-    ap.add_argument("--buckets", type=int, default=1 << 16)
     ap.add_argument("--learning_rate", type=float, default=0.2)
-    ap.add_argument("--records_per_shard", type=int,
-                    default=REPRODUCE_DEFAULTS["records_per_shard"])
     ap.add_argument("--variants", default=REPRODUCE_DEFAULTS["variants"])
-    ap.add_argument("--out", default="benchmarks/results/tf1_step_cost.md")
     # internal: one run
     ap.add_argument("--role", default="driver", choices=["driver", "worker"])
     ap.add_argument("--variant", default="")
@@ -183,97 +176,72 @@ def main() -> None:
     ap.add_argument("--ps_pid", type=int, default=0)
     ap.add_argument("--master_pid", type=int, default=0)
     ap.add_argument("--result", default="")
-    from benchmarks.results_table import argparse_smoke
-
     args = argparse_smoke(ap, SMOKE)
     if args.role == "worker":
         return worker(args)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     variants = [v for v in args.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         ap.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
 
-    from antdt_tf.data import criteo, records
-    from antdt_tf.procutil import start_master
-    from antdt_tf.tf.local_cluster import LocalCluster, free_ports
-    from benchmarks.compare_pss import _env, _killpg
-
     # a run's steps and its warm-up, a batch to spare, whole shards
     per_run = (args.steps + args.warmup + 1) * args.batch_size
     num_records = -(-per_run // args.records_per_shard) * args.records_per_shard
-    work = pathlib.Path(tempfile.mkdtemp(prefix="antdt-tf1-step-cost-"))
-    data = str(work / "train.adtr")
-    records.write_records(data, criteo.generate(criteo.SyntheticSpec(num_records, seed=1)))
-    master, address = start_master(work)
-    cluster = LocalCluster(num_ps=1, num_workers=0, log_dir=work)
-    cluster.spec = {"ps": cluster.spec["ps"], "worker": [f"127.0.0.1:{free_ports(1)[0]}"]}
-    rows = {v: [] for v in variants}
-    try:
-        ps = cluster.start_task("ps", 0)
-        n = 0
-        for r in range(args.rounds):
-            for v in (variants if r % 2 == 0 else variants[::-1]):
-                n += 1
-                result = work / f"run{n}.json"
-                cmd = [sys.executable, "-m", "benchmarks.tf1_step_cost", "--role=worker",
-                       f"--variant={v}", f"--cluster={json.dumps(cluster.spec)}",
-                       f"--master={address}", f"--dataset=run{n}", f"--data={data}",
-                       f"--records={num_records}", f"--ps_pid={ps.pid}",
-                       f"--master_pid={master.pid}", f"--result={result}",
-                       f"--steps={args.steps}", f"--warmup={args.warmup}",
-                       f"--batch_size={args.batch_size}", f"--buckets={args.buckets}",
-                       f"--learning_rate={args.learning_rate}",
-                       f"--records_per_shard={args.records_per_shard}"]
-                with open(work / f"run{n}.log", "wb") as log:
-                    proc = subprocess.Popen(cmd, env=_env(), start_new_session=True,
-                                            stdout=log, stderr=log)
-                try:
-                    proc.wait(timeout=600)
-                finally:
-                    _killpg(proc)
-                if proc.returncode != 0 or not result.exists():
-                    raise RuntimeError(f"run {n} ({v}) exited {proc.returncode}; see "
-                                       f"{work / f'run{n}.log'}")
-                rows[v].append(json.loads(result.read_text()))
-                print(f"\rround {r + 1}/{args.rounds} {v:<8}", end="", flush=True)
-        print()
-    finally:
-        cluster.stop()
-        os.killpg(master.pid, signal.SIGKILL)
-        master.wait()
+    with harness.job("antdt-tf1-step-cost-", num_records, own_worker=True) as job:
+        runs = itertools.count(1)
+
+        def run(v):
+            """One run of variant ``v``: a worker process of its own (``worker``)."""
+            n = next(runs)
+            result = job.work / f"run{n}.json"
+            cmd = [sys.executable, "-m", "benchmarks.tf1_step_cost", "--role=worker",
+                   f"--variant={v}", f"--cluster={json.dumps(job.cluster.spec)}",
+                   f"--master={job.address}", f"--dataset=run{n}", f"--data={job.data}",
+                   f"--records={num_records}", f"--ps_pid={job.cluster.procs['ps', 0].pid}",
+                   f"--master_pid={job.master.pid}", f"--result={result}",
+                   f"--steps={args.steps}", f"--warmup={args.warmup}",
+                   f"--batch_size={args.batch_size}", f"--buckets={args.buckets}",
+                   f"--learning_rate={args.learning_rate}",
+                   f"--records_per_shard={args.records_per_shard}"]
+            with open(job.work / f"run{n}.log", "wb") as log:
+                proc = subprocess.Popen(cmd, env=child_env(), start_new_session=True,
+                                        stdout=log, stderr=log)
+            try:
+                proc.wait(timeout=600)
+            finally:
+                kill_group(proc)
+            if proc.returncode != 0 or not result.exists():
+                raise RuntimeError(f"run {n} ({v}) exited {proc.returncode}; see "
+                                   f"{job.work / f'run{n}.log'}")
+            return json.loads(result.read_text())
+
+        rows = harness.interleaved(variants, args.rounds, run, show_variant=True)
     _write(args, rows)
 
 
 def _write(args, rows: dict) -> None:
-    from benchmarks.results_table import non_default_flags, per_step_stats, write_table
+    def notes(mean, total):
+        steps = [v for v in VARIANTS if v in rows]
+        lines = []
+        for a, b in zip(steps, steps[1:]):
+            d = total(b) - total(a)
+            lines.append(f"- {b} - {a}: {d:+.2f} ms of CPU per step (worker "
+                         f"{mean(b, 'worker') - mean(a, 'worker'):+.2f}, PS "
+                         f"{mean(b, 'ps') - mean(a, 'ps'):+.2f}, master "
+                         f"{mean(b, 'master') - mean(a, 'master'):+.2f})")
+        if "b" in rows and "hooks" in rows:
+            lines.append(f"- hooks / b: {total('hooks') / total('b'):.2f}x the CPU per step")
+        return lines
 
-    mean, total, stderr = per_step_stats(rows, PARTS, args.steps)
-
-    lines = [f"# CPU per TF1 training step, part by part ({time.strftime('%Y-%m-%d')}; "
-             f"{os.cpu_count()} cores, 1 PS + 1 TF1 worker (chief) + master, DeepFM "
-             f"{args.buckets:,} buckets, batch {args.batch_size}, shards of "
-             f"{args.records_per_shard:,}; {args.rounds} interleaved runs per variant of "
-             f"{args.steps} measured steps, means)", "",
-             "| variant | wall ms/step | worker CPU ms/step | PS | master | "
-             "total CPU ms/step (± s.e.) |", "|---|---:|---:|---:|---:|---:|"]
-    for name in rows:
-        lines.append(f"| {name} | {mean(name, 'wall'):.2f} | " + " | ".join(
-            f"{mean(name, k):.2f}" for k in PARTS) + f" | {total(name):.2f} ± {stderr(name):.2f} |")
-    lines.append("")
-    steps = [v for v in VARIANTS if v in rows]
-    for a, b in zip(steps, steps[1:]):
-        d = total(b) - total(a)
-        lines.append(f"- {b} - {a}: {d:+.2f} ms of CPU per step (worker "
-                     f"{mean(b, 'worker') - mean(a, 'worker'):+.2f}, PS "
-                     f"{mean(b, 'ps') - mean(a, 'ps'):+.2f}, master "
-                     f"{mean(b, 'master') - mean(a, 'master'):+.2f})")
-    if "b" in rows and "hooks" in rows:
-        lines.append(f"- hooks / b: {total('hooks') / total('b'):.2f}x the CPU per step")
-    extra = non_default_flags(args, REPRODUCE_DEFAULTS)
-    lines += ["", f"Reproduce: `python -m benchmarks.tf1_step_cost --rounds={args.rounds} "
-              f"--steps={args.steps}{extra} --out={args.out}`."]
-    write_table(args.out, lines, smoke=args.smoke)
+    harness.write_results(
+        args, harness.heading(
+            "CPU per TF1 training step, part by part",
+            f"1 PS + 1 TF1 worker (chief) + master, DeepFM {args.buckets:,} buckets, batch "
+            f"{args.batch_size}, shards of {args.records_per_shard:,}; {args.rounds} "
+            f"interleaved runs per variant of {args.steps} measured steps, means"),
+        rows, PARTS, args.steps, notes,
+        f"Reproduce: `python -m benchmarks.tf1_step_cost --rounds={args.rounds} "
+        f"--steps={args.steps}{non_default_flags(args, REPRODUCE_DEFAULTS)} --out={args.out}`.")
 
 
 if __name__ == "__main__":
