@@ -146,6 +146,8 @@ def test_launch_creates_no_workdir_for_a_job_it_refuses(tmp_path):
     garbage.write_bytes(b"\x00" * 1000)
     temp = tmp_path / "temp"              # where a default workdir (mkdtemp) would go
     temp.mkdir()
+    prog = tmp_path / "train.py"
+    prog.write_text("print('mine')\n")
     for flags, words in [
         (["--timeout_seconds=0"], "--timeout_seconds must be > 0"),
         (["--num_ps=0"], "--num_ps"),
@@ -153,6 +155,18 @@ def test_launch_creates_no_workdir_for_a_job_it_refuses(tmp_path):
         ([f"--report_json={tmp_path}/no/r.json"], "--report_json=.* does not exist"),
         (["--inject=kill:worker:9@1s"], "does not exist"),
         (["--no_such_flag"], "no_such_flag"),
+        # a job's own program: named so that every host can run it, data it can count
+        ([f"--program={tmp_path}/nope.py"], "--program=.*no such file"),
+        ([f"--program={prog}", f"--data={tmp_path}/*.csv"], "matches no file"),
+        ([f"--program={prog}", f"--data={garbage}", "--data_format=tfrecord"],
+         "truncated TFRecord"),
+        ([f"--program={prog}", f"--data={garbage}"], "bad magic"),      # .adtr: its header
+        ([f"--program={prog}", f"--data={prog}"], "data's format"),
+        ([f"--program={prog}", f"--data={garbage}", "--data_format=csv"],
+         "--data_format must be one of"),
+        ([f"--program=pkg.mod", f"--code_dir={tmp_path}"], "module pkg.mod is not in"),
+        (["--code_dir=/x"], "--code_dir and --data_format go with --program"),
+        (["--", "--lr=1"], "unexpected arguments.*after '--'"),
     ]:
         res = run("antdt_tf.launch", f"--workdir={workdir}", *flags)
         refused(res, exitcodes.BAD_INPUT, words)

@@ -37,3 +37,111 @@ def test_the_bind_host_does_not_reach_other_programs_arguments():
 def test_a_bad_probe_endpoint_is_refused_before_any_bind_host_is_applied():
     with pytest.raises(InvalidRequest, match="probe.endpoint must be host:port"):
         command_for(probe_request("no-port"), PATHS, bind_host="$(ANTDT_POD_IP)")
+
+
+# ---- a job's own program (USER_PROGRAM): only from under the agent's program roots
+
+def cluster(**jobs) -> cpb.ClusterAddresses:
+    return cpb.ClusterAddresses(jobs={job: cpb.ClusterAddresses.Addresses(address=a)
+                                      for job, a in jobs.items()})
+
+
+PSS = cluster(chief=["c:1"], ps=["p:1"], worker=["w0:1", "w1:1"])
+
+
+def user_request(program: str, code_dir: str = "", api: str = "keras", role: str = "chief",
+                 index: int = 0, generation: int = 3, **fields) -> cpb.StartTaskRequest:
+    args = cpb.UserProgramArgs(program=program, code_dir=code_dir, api=api, role=role,
+                               index=index, master="m:7000", dataset="train",
+                               cluster=fields.pop("cluster", PSS), argv=["--lr=0.1", "x y"],
+                               checkpoint_dir="/tmp/antdt-job/ckpt", **fields)
+    return start_request("chief" if role == "chief" else "worker", index, cpb.USER_PROGRAM,
+                         args, generation=generation)
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = tmp_path / "programs"
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("print('hi')\n")
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "trainer.py").write_text("def main():\n    return 0\n")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "evil.py").write_text("print('evil')\n")
+    (root / "link.py").symlink_to(outside / "evil.py")
+    paths = PathPolicy(job_roots=("/tmp/antdt-job",), program_roots=(str(root),))
+    return root, outside, paths
+
+
+def test_a_program_file_runs_with_the_job_in_its_environment(project):
+    import json
+
+    root, _, paths = project
+    command = command_for(user_request(str(root / "train.py")), paths)
+    assert command.module == "antdt_tf.program_main"
+    assert command.argv == (str(root / "train.py"), "--lr=0.1", "x y")   # as they are
+    env = dict(command.env)
+    assert env["ANTDT_MASTER"] == "m:7000" and env["ANTDT_GENERATION"] == "3"
+    assert env["ANTDT_ROLE"] == "chief" and env["ANTDT_CHECKPOINT_DIR"] == "/tmp/antdt-job/ckpt"
+    assert json.loads(env["TF_CONFIG"]) == {
+        "cluster": {"chief": ["c:1"], "ps": ["p:1"], "worker": ["w0:1", "w1:1"]},
+        "task": {"type": "chief", "index": 0}}
+    assert "PYTHONPATH" not in env and not command.estimator
+
+
+def test_a_module_program_runs_from_its_code_dir(project):
+    root, _, paths = project
+    command = command_for(user_request("pkg.trainer:main", code_dir=str(root)), paths)
+    assert command.argv[0] == "pkg.trainer:main"
+    assert dict(command.env)["PYTHONPATH"] == str(root)
+    # antdt-tf's own trainers are programs like any other, from the installed package
+    assert command_for(user_request("antdt_tf.tf.keras_trainer"), paths).argv[0] == \
+        "antdt_tf.tf.keras_trainer"
+
+
+def test_estimator_roles_and_interpreter(project):
+    import json
+
+    root, _, paths = project
+    tf1 = cluster(ps=["p:1"], worker=["w0:1", "w1:1", "w2:1"])
+    command = command_for(user_request(str(root / "train.py"), api="estimator",
+                                       role="worker", index=2, cluster=tf1), paths)
+    assert command.estimator
+    assert json.loads(dict(command.env)["TF_CONFIG"]) == {
+        "cluster": {"chief": ["w0:1"], "worker": ["w1:1", "w2:1"], "ps": ["p:1"]},
+        "task": {"type": "worker", "index": 1}}
+
+
+@pytest.mark.parametrize("program,code_dir,reason", [
+    ("{outside}/evil.py", "", "outside the program roots"),
+    ("{root}/link.py", "", "outside the program roots"),          # a symlink out
+    ("{root}/missing.py", "", "does not exist"),
+    ("relative/train.py", "", "must be an absolute path"),
+    ("http.server", "", "needs its code_dir"),                     # not a module of ours
+    ("pkg.nothere", "{root}", "is not in code_dir"),
+    ("pkg.trainer", "{outside}", "outside the program roots"),
+    ("pkg.trainer; rm -rf /", "{root}", "must be /abs/path/file.py or pkg.module"),
+    ("{root}/train.py", "{root}", "code_dir goes with a module program"),
+])
+def test_a_program_outside_the_roots_or_missing_is_refused(project, program, code_dir,
+                                                           reason):
+    root, outside, paths = project
+    fill = {"root": root, "outside": outside}
+    req = user_request(program.format(**fill), code_dir=code_dir.format(**fill))
+    with pytest.raises(InvalidRequest, match=reason):
+        command_for(req, paths)
+
+
+def test_an_agent_without_program_roots_runs_only_antdt_tfs_own(project):
+    root, _, _ = project
+    paths = PathPolicy(job_roots=("/tmp/antdt-job",))
+    with pytest.raises(InvalidRequest, match="runs no job's own programs"):
+        command_for(user_request(str(root / "train.py")), paths)
+    assert command_for(user_request("antdt_tf.tf.coordinator", api="custom_loop"), paths)
+
+
+def test_a_role_the_api_has_not_is_refused(project):
+    root, _, paths = project
+    with pytest.raises(InvalidRequest, match="role must be one of .* for api=keras"):
+        command_for(user_request(str(root / "train.py"), role="ps"), paths)

@@ -94,7 +94,84 @@ def main():
 program.run(main)
 '''
 
-PROGRAMS = {"keras": KERAS_PROGRAM}
+# a ClusterCoordinator loop (PullTrainer) over the user's own tf.Module and step
+CUSTOM_LOOP_PROGRAM = '''
+import argparse
+
+import tensorflow as tf
+
+from antdt_tf import program
+from antdt_tf.data.metrics import audit_summary
+from antdt_tf.sharding.client import ShardingClient, Task
+from antdt_tf.tf.checkpoint import ShardingCheckpoint
+from antdt_tf.tf.formats import TFRecordExamples
+from antdt_tf.tf.pull import PullTrainer
+from antdt_tf.tf.variables import full_value
+
+FEATURES = {"user": tf.io.FixedLenFeature([], tf.int64),
+            "item": tf.io.FixedLenFeature([], tf.int64),
+            "rid": tf.io.FixedLenFeature([], tf.int64),
+            "label": tf.io.FixedLenFeature([], tf.float32)}
+
+
+class Ranker(tf.Module):
+    def __init__(self, num_records, lr=0.1):
+        super().__init__()
+        init = tf.random_normal_initializer(stddev=0.05, seed=1)
+        self.user = tf.Variable(init([1000, 8]), name="user")
+        self.item = tf.Variable(init([1000, 8]), name="item")
+        self.w = tf.Variable(init([24, 1]), name="w")
+        self.seen = tf.Variable(tf.zeros([num_records], tf.int32), trainable=False)
+        self.lr = lr
+
+    def train_step(self, batch, record_ids):        # on a worker, in replica context
+        users, items = batch["user"] % 1000, batch["item"] % 1000
+        with tf.GradientTape() as tape:
+            u = tf.nn.embedding_lookup(self.user, users)
+            i = tf.nn.embedding_lookup(self.item, items)
+            logits = tf.matmul(tf.concat([u, i, u * i], axis=1), self.w)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+                tf.reshape(batch["label"], [-1, 1]), logits))
+        gu, gi, gw = tape.gradient(loss, [self.user, self.item, self.w])
+        self.user.scatter_sub(tf.IndexedSlices(self.lr * gu.values, gu.indices))
+        self.item.scatter_sub(tf.IndexedSlices(self.lr * gi.values, gi.indices))
+        self.w.assign_sub(self.lr * gw)
+        rid = batch["rid"]
+        self.seen.scatter_add(tf.IndexedSlices(tf.ones_like(rid, tf.int32), rid))
+        return loss
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch_size", type=int, default=64)
+    args = ap.parse_args()
+    ctx = program.context()
+    client = ShardingClient(ctx.master, Task("chief", 0, ctx.generation))
+    num_records = int(client.progress(ctx.dataset).datasets[0].records_per_epoch)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(ctx.cluster_resolver())
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = Ranker(num_records)
+    trainer = PullTrainer(strategy, coordinator, ctx.master, ctx.dataset, model.train_step,
+                          batch_size=args.batch_size, num_workers=len(ctx.cluster["worker"]),
+                          worker_slots=ctx.worker_slots, steps_per_closure=4,
+                          progress_fn=lambda: client.progress(ctx.dataset).datasets[0],
+                          checkpoint_every_seconds=ctx.checkpoint_every_seconds,
+                          record_fn=client.apply_lease_record,
+                          record_format=TFRecordExamples(FEATURES))
+    ckpt = ShardingCheckpoint(ctx.checkpoint_dir, model, client, [ctx.dataset],
+                              trainer=trainer.counters)
+    ckpt.restore_or_initialize()
+    trainer.on_checkpoint = ckpt.save
+    trainer.train()
+    seen = full_value(model.seen).numpy()
+    ctx.write_report({"batch_size": args.batch_size, "audit": audit_summary(seen, 1)})
+
+
+program.run(main)
+'''
+
+PROGRAMS = {"keras": KERAS_PROGRAM, "custom_loop": CUSTOM_LOOP_PROGRAM}
 
 
 def write_program(directory: pathlib.Path, api: str, name: str = "train.py") -> pathlib.Path:

@@ -327,8 +327,8 @@ def _user_program(args: cpb.UserProgramArgs, paths: PathPolicy, generation: int)
         raise InvalidRequest(f"user_program.api must be one of {tuple(_ROLES)}, got "
                              f"{_show(args.api)}")
     if args.role not in _ROLES[args.api]:
-        raise InvalidRequest(f"user_program.role of an {args.api} job must be one of "
-                             f"{_ROLES[args.api]}, got {_show(args.role)}")
+        raise InvalidRequest(f"user_program.role must be one of {_ROLES[args.api]} for "
+                             f"api={args.api}, got {_show(args.role)}")
     if len(args.argv) > 1000 or any(len(a) > _MAX_TEXT for a in args.argv):
         raise InvalidRequest("user_program.argv: at most 1000 arguments of at most "
                              f"{_MAX_TEXT} characters")

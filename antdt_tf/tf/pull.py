@@ -225,7 +225,9 @@ class PullTrainer(WorkerCounters):
                  steps_per_closure: int = 16, in_flight_per_worker: int = 2,
                  checkpoint_every_seconds: float = 0.0, on_checkpoint=None,
                  on_progress=None, progress_seconds: float = 1.0, worker_slots: int = 0,
-                 record_fn=None):
+                 record_fn=None, record_format=None):
+        """``record_format``: how the workers read and decode the dataset's files
+        (:mod:`antdt_tf.tf.formats`; default the compact ``.adtr`` format)."""
         self.strategy = strategy
         self.coordinator = coordinator
         self.master = master
@@ -240,6 +242,7 @@ class PullTrainer(WorkerCounters):
         self.on_progress = on_progress
         self.progress_seconds = progress_seconds
         self.record_fn = record_fn
+        self.record_format = record_format
         self._step_fn = step_fn
         slots = max(num_workers, worker_slots)
         with strategy.scope():
@@ -365,10 +368,10 @@ class PullTrainer(WorkerCounters):
 
     def train(self) -> PullResult:
         master, dataset, batch_size = self.master, self.dataset, self.batch_size
-        sparse = self.record_fn is not None
+        sparse, record_format = self.record_fn is not None, self.record_format
         per_worker = self.coordinator.create_per_worker_dataset(
             lambda: pull_dataset(master, dataset, batch_size, wait_markers=True,
-                                 sparse_reports=sparse))
+                                 sparse_reports=sparse, record_format=record_format))
         iterator = iter(per_worker)
         slots = threading.Semaphore(self.window)
         errors: list[BaseException] = []
