@@ -21,6 +21,11 @@ on the worker that the pipeline's last stage filters on: the next batch already 
 that lease. There is no read-ahead after that stage, so at most the one batch in
 flight was trained after the lease stopped being this worker's (and the master counted
 it: a steal settles one batch ahead).
+
+The feed puts what the hooks need into graph collections (names in
+:mod:`~antdt_tf.estimator.graph_keys`) and builds its hooks through
+:mod:`~antdt_tf.estimator.assembly` (imported when asked: it imports TensorFlow); the
+hooks module never imports this one.
 """
 
 from __future__ import annotations
@@ -30,14 +35,16 @@ import logging
 import os
 from typing import Callable, Optional
 
+from antdt_tf.estimator.graph_keys import META_FIELDS  # noqa: F401 (importable here, as before)
+from antdt_tf.estimator.graph_keys import (LEASE_RECORD_VARIABLE, META_COLLECTION,
+                                           RECORD_COLLECTION, REFUSED_LEASE_COLLECTION,
+                                           VARIABLE_SCOPE, refused_lease_variable)
 from antdt_tf.sharding.tf_rpc_client import TfRpcClient
+# the SessionManager patch is a TF internal (imports no TF until called); importable from
+# here and antdt_tf.estimator as before
+from antdt_tf.tf.tf_internals import shorten_session_wait
 
 log = logging.getLogger(__name__)
-
-META_COLLECTION = "antdt_lease_meta"
-RECORD_COLLECTION = "antdt_lease_record"     # [record variable, this step's update op]
-META_FIELDS = ("lease", "shard", "epoch", "applied", "records", "incarnation", "sparse",
-               "length")
 
 
 def _task_from_tf_config() -> tuple[str, int]:
@@ -112,8 +119,7 @@ class ShardFeed:
         self.worker_device = worker_device
         self.refused_lease = None       # set by dataset_fn
         self.is_chief = worker == 0 if is_chief is None else is_chief
-        self.state_saver = None         # the chief's ShardingStateSaver
-        self.settle_hook = None         # the chief's LeaseSettleHook (sparse reports)
+        self.state_saver = None         # the chief's ShardingStateSaver, once asked for
         if worker_wait_seconds is not None:
             shorten_session_wait(worker_wait_seconds)
 
@@ -129,8 +135,10 @@ class ShardFeed:
         with tf.compat.v1.device(self.worker_device):
             # the lease whose report the master refused: its other batches are skipped
             self.refused_lease = tf.compat.v1.get_local_variable(
-                f"antdt_refused_lease_{self.worker}", initializer=tf.constant(-1, tf.int64),
+                refused_lease_variable(self.worker), initializer=tf.constant(-1, tf.int64),
                 use_resource=True)
+        # where the report hook finds it (it writes a refused lease there)
+        tf.compat.v1.add_to_collection(REFUSED_LEASE_COLLECTION, self.refused_lease)
         ds = pull_dataset(self.master, self.dataset, self.batch_size, worker=self.worker,
                           sparse_reports=self.sparse_reports)
         refused = self.refused_lease
@@ -182,9 +190,9 @@ class ShardFeed:
         graph = tf.compat.v1.get_default_graph()
         if graph.get_collection(RECORD_COLLECTION):
             return
-        with tf.compat.v1.variable_scope("antdt", reuse=tf.compat.v1.AUTO_REUSE):
+        with tf.compat.v1.variable_scope(VARIABLE_SCOPE, reuse=tf.compat.v1.AUTO_REUSE):
             record = tf.compat.v1.get_variable(
-                "lease_record", shape=lease_record_shape(self.worker_slots), dtype=tf.int64,
+                LEASE_RECORD_VARIABLE, shape=lease_record_shape(self.worker_slots), dtype=tf.int64,
                 initializer=tf.compat.v1.constant_initializer(-1), trainable=False,
                 use_resource=True)
         update = lease_record_update(record, self.worker, meta["incarnation"],
@@ -193,36 +201,39 @@ class ShardFeed:
         graph.add_to_collection(RECORD_COLLECTION, update)
 
     # ------------------------------------------------------------------ hooks
+    # (what each list holds and in which order: antdt_tf.estimator.assembly)
 
     def hooks(self) -> list:
         """Every worker's hooks: the report hook, and on the chief the hook that gives a
         restored checkpoint's sharding state back to the master and (sparse reports) the
         one that settles dead workers' leases from the PS record."""
-        from antdt_tf.estimator.hooks import (LeaseSettleHook, RestoreShardingStateHook,
-                                              ShardReportHook)
+        from antdt_tf.estimator.assembly import session_hooks
 
-        hooks = [ShardReportHook(self)]
-        if self.is_chief:
-            hooks.append(RestoreShardingStateHook(self.state_saver_for_chief()))
-            if self.sparse_reports:
-                self.settle_hook = LeaseSettleHook(self)
-                hooks.append(self.settle_hook)
-        return hooks
+        return session_hooks(self.client, self.worker, self.dataset, self.sparse_reports,
+                             self.state_saver_for_chief() if self.is_chief else None)
+
+    @property
+    def settle_hook(self):
+        """The chief's ``LeaseSettleHook`` of the latest :meth:`hooks` (sparse reports),
+        else ``None``."""
+        return self.state_saver.settle_hook if self.state_saver is not None else None
 
     def state_saver_for_chief(self):
         """The chief's one ``ShardingStateSaver``: its checkpoint listener, and the owner
         of the chief's client of the master (its ``LeaseSettleHook`` uses it too)."""
-        from antdt_tf.estimator.hooks import ShardingStateSaver
+        from antdt_tf.estimator.assembly import chief_saver
 
         if self.state_saver is None:
-            self.state_saver = ShardingStateSaver(self)
+            self.state_saver = chief_saver(self.master, self.dataset)
         return self.state_saver
 
     def saving_listeners(self) -> list:
         """The chief's checkpoint listener: the sharding state goes into every checkpoint
         (``Estimator.train(saving_listeners=...)``; with ``MonitoredTrainingSession``
         use :meth:`chief_hooks`). Empty on other workers (they do not save)."""
-        return [self.state_saver_for_chief()] if self.is_chief else []
+        from antdt_tf.estimator.assembly import saving_listeners
+
+        return saving_listeners(self.state_saver_for_chief() if self.is_chief else None)
 
     def chief_hooks(self, checkpoint_dir: str, save_secs: Optional[float] = None,
                     save_steps: Optional[int] = None) -> list:
@@ -232,30 +243,10 @@ class ShardFeed:
         :class:`~antdt_tf.estimator.hooks.TimedCheckpointSaverHook` (TF's hook, without
         a ``global_step`` fetch from the PS in every step), with ``save_steps`` TF's
         ``CheckpointSaverHook``."""
-        import tensorflow as tf
+        from antdt_tf.estimator.assembly import checkpoint_hooks
 
-        from antdt_tf.estimator.hooks import TimedCheckpointSaverHook
-
-        listeners = [self.state_saver_for_chief()]
-        if save_secs is not None and save_steps is None:
-            return [TimedCheckpointSaverHook(checkpoint_dir, save_secs, listeners=listeners)]
-        return [tf.compat.v1.train.CheckpointSaverHook(
-            checkpoint_dir, save_secs=save_secs, save_steps=save_steps, listeners=listeners)]
+        return checkpoint_hooks(checkpoint_dir, self.state_saver_for_chief(),
+                                save_secs=save_secs, save_steps=save_steps)
 
     def close(self) -> None:
         self.client.close()
-
-
-def shorten_session_wait(seconds: float) -> None:
-    """Lowers TF's ``SessionManager`` default ``recovery_wait_secs`` (30 s) in this
-    process: a non-chief worker then checks every ``seconds`` whether the chief has
-    initialized the model, instead of sleeping 30 s after its first look."""
-    from antdt_tf.tf.tf_internals import session_manager_class
-
-    init = session_manager_class().__init__
-    names = init.__code__.co_varnames[1:init.__code__.co_argcount]
-    defaults = list(init.__defaults__)
-    first = len(names) - len(defaults)
-    k = names.index("recovery_wait_secs") - first
-    defaults[k] = seconds
-    init.__defaults__ = tuple(defaults)

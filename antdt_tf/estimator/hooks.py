@@ -1,6 +1,11 @@
 """SessionRunHooks that connect a TF1 worker (``MonitoredTrainingSession`` or
 ``tf.estimator``) to the master: report what each step trained, and keep the sharding
 state inside the chief's checkpoints.
+
+Each hook gets its Python collaborators as constructor arguments (the worker's
+``TfRpcClient``, the chief's :class:`MasterAdmin`, ...) and finds the graph the feed
+built through the collections of :mod:`~antdt_tf.estimator.graph_keys`; none imports the
+feed. Which hooks a job gets, in which order: :mod:`~antdt_tf.estimator.assembly`.
 """
 
 from __future__ import annotations
@@ -9,12 +14,16 @@ import dataclasses
 import logging
 import threading
 import time
+from typing import Optional
 
 import tensorflow as tf
 
-from antdt_tf.estimator.feed import META_COLLECTION, META_FIELDS, RECORD_COLLECTION, ShardFeed
+from antdt_tf.estimator.graph_keys import (META_COLLECTION, META_FIELDS, RECORD_COLLECTION,
+                                           REFUSED_LEASE_COLLECTION,
+                                           SHARDING_STATE_COLLECTION, SHARDING_STATE_VARIABLE,
+                                           VARIABLE_SCOPE)
 from antdt_tf.sharding.client import ShardingClient
-from antdt_tf.sharding.tf_rpc_client import report_due
+from antdt_tf.sharding.tf_rpc_client import TfRpcClient, report_due
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +48,16 @@ class ShardReportHook(tf.compat.v1.train.SessionRunHook):
     and has reported nothing it did not apply — the same bound as the TF2 path. A
     refused report (the lease was stolen or expired) makes the feed skip the rest of
     that lease. Reports carry the worker's own time in session.run since the previous
-    one (the Monitor's BPT); the hook also keeps its step times (``step_seconds``)."""
+    one (the Monitor's BPT); the hook also keeps its step times (``step_seconds``).
 
-    def __init__(self, feed: ShardFeed):
-        self.feed = feed
+    ``client``: the worker's client of the master (the feed's: the pipeline's
+    incarnation is written back to it); ``worker``: its index (for the log);
+    ``sparse_reports``: as the feed's."""
+
+    def __init__(self, client: TfRpcClient, worker: int, sparse_reports: bool = True):
+        self.client = client
+        self.worker = worker
+        self.sparse_reports = sparse_reports
         self.steps = 0
         self.records = 0
         self.refused = 0
@@ -57,14 +72,15 @@ class ShardReportHook(tf.compat.v1.train.SessionRunHook):
 
     def begin(self):
         meta = tf.compat.v1.get_collection(META_COLLECTION)
-        if len(meta) != 1 or self.feed.refused_lease is None:
+        refused = tf.compat.v1.get_collection(REFUSED_LEASE_COLLECTION)
+        if len(meta) != 1 or len(refused) != 1:
             raise ValueError("ShardReportHook needs the graph built by ShardFeed.input_fn "
                              f"(found {len(meta)} lease tensors in {META_COLLECTION!r})")
         record = tf.compat.v1.get_collection(RECORD_COLLECTION)
         # with sparse reports the record update runs in the step's own session.run
         self._fetches = (meta[0], record[1]) if record else (meta[0], tf.no_op())
         self._refused_value = tf.compat.v1.placeholder(tf.int64, [], "antdt_refused_value")
-        self._refuse = self.feed.refused_lease.assign(self._refused_value)
+        self._refuse = refused[0].assign(self._refused_value)
 
     def before_run(self, run_context):
         if self.first_step_unix is None:
@@ -77,7 +93,7 @@ class ShardReportHook(tf.compat.v1.train.SessionRunHook):
         self.last_step_unix = time.time()
         self.step_seconds += seconds
         values = dict(zip(META_FIELDS, run_values.results[0].tolist()))
-        self.feed.client.incarnation = values["incarnation"]   # the pipeline's antdt.open
+        self.client.incarnation = values["incarnation"]   # the pipeline's antdt.open
         if self._pending is not None and self._pending[0] != values["lease"]:
             self._report(run_context.session)   # (a lease always ends on a due batch)
         self.steps += 1
@@ -85,28 +101,51 @@ class ShardReportHook(tf.compat.v1.train.SessionRunHook):
         self._since.steps += 1
         self._since.records += values["records"]
         self._pending = (values["lease"], values["shard"], values["epoch"], values["applied"])
-        if report_due(self.feed.sparse_reports, values["sparse"], values["applied"],
+        if report_due(self.sparse_reports, values["sparse"], values["applied"],
                       values["length"]):
             self._report(run_context.session)
 
     def _report(self, session) -> None:
         lease, shard, epoch, applied = self._pending
         since = self._since
-        rejected = self.feed.client.report([lease], [shard], [epoch], [applied],
-                                           seconds=since.seconds, steps=since.steps)
+        rejected = self.client.report([lease], [shard], [epoch], [applied],
+                                      seconds=since.seconds, steps=since.steps)
         self.reports += 1
         self._pending, self._since = None, _Unreported()
         if rejected:
             self.refused += 1
             session.run(self._refuse, {self._refused_value: lease})
             log.info("worker %d: lease %d is no longer ours (stolen, expired or restored); "
-                     "skipping its other batches", self.feed.worker, lease)
+                     "skipping its other batches", self.worker, lease)
         else:
             self.records += since.records
 
     def end(self, session):
         if self._pending is not None:   # the last batch of a lease not finished here
             self._report(session)
+
+
+class MasterAdmin:
+    """The chief's one ``ShardingClient`` of the master, opened on first use and shared by
+    its :class:`ShardingStateSaver` and :class:`LeaseSettleHook` (whose thread uses it
+    too, hence the lock). Whichever ends first closes it; the next use reopens it."""
+
+    def __init__(self, master: str):
+        self.master = master
+        self._client = None
+        self._lock = threading.Lock()
+
+    def client(self) -> ShardingClient:
+        with self._lock:
+            if self._client is None:
+                self._client = ShardingClient(self.master)
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
 
 class LeaseSettleHook(tf.compat.v1.train.SessionRunHook):
@@ -120,10 +159,14 @@ class LeaseSettleHook(tf.compat.v1.train.SessionRunHook):
     chief's own step blocks in its input pipeline waiting for a lease, and only the
     settle can give it one (``tf.Session.run`` is thread-safe). If the chief itself
     stays away longer than the master's ``--settle_seconds``, the master settles at
-    its own count: up to one lease of that worker is trained again."""
+    its own count: up to one lease of that worker is trained again.
 
-    def __init__(self, feed: ShardFeed, poll_seconds: float = 1.0):
-        self.feed = feed
+    ``dataset``: the feed's dataset; ``master_admin``: the chief's client of the master,
+    shared with its :class:`ShardingStateSaver`."""
+
+    def __init__(self, dataset: str, master_admin: MasterAdmin, poll_seconds: float = 1.0):
+        self.dataset = dataset
+        self.master_admin = master_admin
         self.poll_seconds = poll_seconds
         self.settled = 0
         self._session = None
@@ -159,12 +202,12 @@ class LeaseSettleHook(tf.compat.v1.train.SessionRunHook):
         leases were held."""
         from antdt_tf.tf.accounting import apply_lease_records
 
-        admin = self.feed.state_saver_for_chief().admin()   # the chief's one client
+        admin = self.master_admin.client()   # the chief's one client
         with self._lock:
-            progress = admin.progress(self.feed.dataset).datasets
+            progress = admin.progress(self.dataset).datasets
             held = list(progress[0].held) if progress else []
             if held or everything:
-                apply_lease_records(admin.apply_lease_record, self.feed.dataset,
+                apply_lease_records(admin.apply_lease_record, self.dataset,
                                     session.run(self._record), held)
                 self.settled += len(held)
             return len(held)
@@ -173,7 +216,7 @@ class LeaseSettleHook(tf.compat.v1.train.SessionRunHook):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        self.feed.state_saver_for_chief().close_admin()
+        self.master_admin.close()
 
 
 class TimedCheckpointSaverHook(tf.compat.v1.train.CheckpointSaverHook):
@@ -221,38 +264,34 @@ class ShardingStateSaver(tf.compat.v1.train.CheckpointSaverListener):
     same ``Saver`` as the model. Training is asynchronous: the snapshot is taken just
     before the save and PS variables are read while other workers keep updating them,
     so records trained in between are in the model but not in the snapshot — after a
-    restore they are trained again (at-least-once within the save's duration)."""
+    restore they are trained again (at-least-once within the save's duration).
 
-    def __init__(self, feed: ShardFeed):
-        self.feed = feed
+    ``settle_hook``: the chief's current :class:`LeaseSettleHook` (sparse reports), set
+    by :func:`~antdt_tf.estimator.assembly.session_hooks`; it settles before each save."""
+
+    def __init__(self, dataset: str, master_admin: MasterAdmin):
+        self.dataset = dataset
+        self.master_admin = master_admin
+        self.settle_hook: Optional[LeaseSettleHook] = None
         self.saves = 0
         self.checked = False       # looked for a restored state in this process
         self.restored = False
-        self._admin = None
-        self._admin_lock = threading.Lock()
 
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
-        existing = graph.get_collection("antdt_sharding_state")
+        existing = graph.get_collection(SHARDING_STATE_COLLECTION)
         if existing:
             self._var, self._value, self._assign = existing
             return
-        with tf.compat.v1.variable_scope("antdt", reuse=tf.compat.v1.AUTO_REUSE):
-            self._var = tf.compat.v1.get_variable("sharding_state", shape=[], dtype=tf.string,
-                                                  initializer=tf.compat.v1.constant_initializer(""),
-                                                  trainable=False, use_resource=True)
+        with tf.compat.v1.variable_scope(VARIABLE_SCOPE, reuse=tf.compat.v1.AUTO_REUSE):
+            self._var = tf.compat.v1.get_variable(
+                SHARDING_STATE_VARIABLE, shape=[], dtype=tf.string,
+                initializer=tf.compat.v1.constant_initializer(""), trainable=False,
+                use_resource=True)
         self._value = tf.compat.v1.placeholder(tf.string, [], name="antdt_sharding_state_value")
         self._assign = self._var.assign(self._value)
         for t in (self._var, self._value, self._assign):
-            graph.add_to_collection("antdt_sharding_state", t)
-
-    def admin(self) -> ShardingClient:
-        """The chief's client of the master, shared with its ``LeaseSettleHook`` (whose
-        thread calls this too)."""
-        with self._admin_lock:
-            if self._admin is None:
-                self._admin = ShardingClient(self.feed.master)
-            return self._admin
+            graph.add_to_collection(SHARDING_STATE_COLLECTION, t)
 
     def maybe_restore(self, session) -> None:
         """Once per process, before this process writes the variable: if the session
@@ -265,29 +304,23 @@ class ShardingStateSaver(tf.compat.v1.train.CheckpointSaverListener):
         self.checked = True
         state = session.run(self._var)
         if state:
-            resp = self.admin().restore_state(state)
+            resp = self.master_admin.client().restore_state(state)
             self.restored = True
             log.info("restored the checkpoint's sharding state on the master (%d shard(s) "
                      "back to TODO)", resp.requeued_shards)
 
     def before_save(self, session, global_step_value):
         self.maybe_restore(session)
-        if self.feed.settle_hook is not None:
+        if self.settle_hook is not None:
             # sparse reports: the master's counts up to the PS record first, so the
             # snapshot is at most the batch in flight behind the model
-            self.feed.settle_hook.settle(session, everything=True)
-        state = self.admin().save_state([self.feed.dataset])
+            self.settle_hook.settle(session, everything=True)
+        state = self.master_admin.client().save_state([self.dataset])
         session.run(self._assign, {self._value: state})
         self.saves += 1
 
-    def close_admin(self) -> None:
-        with self._admin_lock:
-            if self._admin is not None:
-                self._admin.close()
-                self._admin = None
-
     def end(self, session, global_step_value):
-        self.close_admin()
+        self.master_admin.close()
 
 
 class RestoreShardingStateHook(tf.compat.v1.train.SessionRunHook):

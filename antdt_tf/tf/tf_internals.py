@@ -82,12 +82,43 @@ def is_stateful(op) -> bool:
 
 def session_manager_class():
     """``tensorflow.python.training.session_manager.SessionManager``: its
-    ``recovery_wait_secs`` default (30 s) is lowered for TF1 workers, which otherwise
-    sleep 30 s after their first look for the chief's session. Public alternative:
+    ``recovery_wait_secs`` default (30 s) is lowered for TF1 workers
+    (:func:`shorten_session_wait`), which otherwise sleep 30 s after their first look
+    for the chief's session. Public alternative:
     ``SessionManager(recovery_wait_secs=)``, but ``MonitoredTrainingSession`` and
     ``Estimator`` build theirs without passing it."""
     from tensorflow.python.training import session_manager
     return session_manager.SessionManager
+
+
+def _recovery_wait_default(init) -> int:
+    """Where ``recovery_wait_secs`` sits in ``SessionManager.__init__.__defaults__``
+    (found by parameter name, not assumed by position)."""
+    code = init.__code__
+    names = code.co_varnames[1:code.co_argcount]
+    if "recovery_wait_secs" not in names or not init.__defaults__:
+        raise AttributeError("SessionManager.__init__ has no recovery_wait_secs default")
+    k = names.index("recovery_wait_secs") - (len(names) - len(init.__defaults__))
+    if k < 0:
+        raise AttributeError("SessionManager.__init__'s recovery_wait_secs has no default")
+    return k
+
+
+def shorten_session_wait(seconds: float) -> None:
+    """Lowers the default ``recovery_wait_secs`` (30 s) of TF's ``SessionManager`` in this
+    process to ``seconds``: a non-chief TF1 worker then checks every ``seconds`` whether
+    the chief has initialized the model, instead of sleeping 30 s after its first look.
+
+    Why: ``MonitoredTrainingSession`` and ``Estimator`` build their ``SessionManager``
+    without passing ``recovery_wait_secs``, so the class's default is the only knob; this
+    patches ``SessionManager.__init__.__defaults__`` (a TF internal, hence here). Checked
+    on TF 2.15.1 and 2.21.0 (``recovery_wait_secs=30``, a parameter with a default;
+    ``_check_session_manager`` runs the same lookup under both). Public alternative:
+    ``SessionManager(recovery_wait_secs=)`` where you build the ``SessionManager``."""
+    init = session_manager_class().__init__
+    defaults = list(init.__defaults__)
+    defaults[_recovery_wait_default(init)] = seconds
+    init.__defaults__ = tuple(defaults)
 
 
 def _check_rpc_ops():
@@ -149,10 +180,7 @@ def _check_is_stateful():
 
 
 def _check_session_manager():
-    init = session_manager_class().__init__
-    names = init.__code__.co_varnames[1:init.__code__.co_argcount]
-    if "recovery_wait_secs" not in names or not init.__defaults__:
-        raise AttributeError("SessionManager.__init__ has no recovery_wait_secs default")
+    _recovery_wait_default(session_manager_class().__init__)   # what shorten_session_wait finds
 
 
 CHECKS: list[tuple[str, bool, Callable[[], None]]] = [
