@@ -188,11 +188,13 @@ def job_security(directory, setenv) -> None:
 
 
 def start_antdt_cluster(net: NetnsHosts, workdir, *master_flags: str,
-                        report_seconds: float = 0.5, job_root=None) -> str:
+                        report_seconds: float = 0.5, job_root=None,
+                        agent_flags: tuple = ()) -> str:
     """An antdt-master on the bridge address (state in ``workdir/master``) and an
     ``antdt-agent`` on every host, registering with it; returns the master's address.
     The agents run tasks whose paths lie under ``job_root`` (default: ``workdir``) —
     the job's workdir, checkpoints and data must be there.
+    ``agent_flags``: more flags for every agent (e.g. ``--program_roots``).
     The caller sets the job's token and TLS files first (``job_security``: the master
     and the agents listen beyond loopback).
     Logs: ``workdir/cluster.log``; every process is in ``net.procs`` (closed with it)."""
@@ -218,7 +220,7 @@ def start_antdt_cluster(net: NetnsHosts, workdir, *master_flags: str,
                       f"--bind={address}", f"--advertise={address}", "--port=7471",
                       f"--master={master}", f"--report_seconds={report_seconds}",
                       "--task_ports=21000-21999", f"--task_log_dir={workdir / f'h{i}'}",
-                      f"--job_root={job_root or workdir}"],
+                      f"--job_root={job_root or workdir}", *agent_flags],
                   stdout=log, stderr=log, env=child_env())
     log.close()
     return master

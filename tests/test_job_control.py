@@ -63,8 +63,11 @@ def test_a_bad_spec_is_refused_with_the_reason_and_nothing_is_kept(tmp_path, cha
 
 
 @pytest.mark.parametrize("change,launch_flags", [
-    ({"api": "keras", "backend": "agents"},
-     ["--api=keras", "--backend=agents", "--master=127.0.0.1:7470"]),
+    ({"api": "keras", "backend": "kubernetes"},
+     ["--api=keras", "--backend=kubernetes", "--namespace=n", "--data=/d/train.adtr",
+      "--workdir=/w/j1"]),
+    ({"max_workers": 4, "backend": "agents"},
+     ["--max_workers=4", "--backend=agents", "--master=127.0.0.1:7470"]),
     ({"api": "mts", "policy": "static"}, ["--api=mts", "--policy=static"]),
     ({"mode": "bsp", "policy": "backup"}, ["--mode=bsp", "--policy=backup"]),
     ({"max_workers": 4, "api": "keras"}, ["--max_workers=4", "--api=keras"]),

@@ -58,3 +58,101 @@ def test_a_users_program_survives_a_worker_kill_locally(tmp_path, user_data, api
     assert "injected: SIGKILL worker:1" in log
     # the program's own summary is the job's (what it wrote, where the contract said)
     assert report["coordinator"]["batch_size"] == BATCH
+
+
+# ---- on real hosts (network namespaces), through their agents --------------------
+
+@pytest.fixture(scope="module")
+def big_user_data(tmp_path_factory):
+    """Enough of the user's data for a job that lasts past a host loss at a third."""
+    d = tmp_path_factory.mktemp("user-data-big")
+    first = 0
+    for k in range(4):
+        user_programs.write_examples(d / f"part-{k}.tfrecord", first, 15_000, seed=k)
+        first += 15_000
+    return d
+
+
+@pytest.fixture
+def hosts(tmp_path, monkeypatch, big_user_data):
+    import netns
+
+    ok, why = netns.available()
+    if not ok:
+        pytest.skip(why)
+    netns.job_security(tmp_path / "tls", monkeypatch.setenv)
+    project = tmp_path / "my-project"
+    project.mkdir()
+    with netns.NetnsHosts(3) as net:
+        master = netns.start_antdt_cluster(
+            net, tmp_path, "--straggler_window_seconds=3",
+            "--straggler_persistent_after_seconds=2",
+            agent_flags=(f"--program_roots={project}", f"--read_roots={big_user_data}"))
+        yield net, master
+
+
+def launch_on_agents(tmp_path, master, data, api: str, *flags: str):
+    program = user_programs.write_program(tmp_path / "my-project", api)
+    return subprocess.Popen(
+        [sys.executable, "-m", "antdt_tf.launch", "--backend=agents", f"--master={master}",
+         "--num_hosts=3", f"--api={api}", f"--program={program}", f"--data={data}/*.tfrecord",
+         "--records_per_shard=1000", "--checkpoint_every_seconds=2", "--noprogress",
+         "--host_timeout_seconds=3", f"--workdir={tmp_path / 'job'}",
+         f"--report_json={tmp_path / 'report.json'}", "--timeout_seconds=400", *flags,
+         "--", f"--batch_size={BATCH}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc, tmp_path):
+    out, _ = proc.communicate(timeout=450)
+    assert proc.returncode == 0, out[-6000:]
+    return json.loads((tmp_path / "report.json").read_text()), out
+
+
+@pytest.mark.parametrize("api", ["keras"])
+def test_a_users_program_survives_losing_a_host(hosts, tmp_path, big_user_data, api):
+    """h0 runs the chief, ps:0 and worker:1: all SIGKILLed at once, agent included, at a
+    third of the job; the master relaunches them elsewhere and the user's program comes
+    back from its last checkpoint (model and data position together)."""
+    from jobs import wait_for_records
+
+    net, master = hosts
+    proc = launch_on_agents(tmp_path, master, big_user_data, api, "--num_ps=2",
+                            "--num_workers=2", "--policy=dynamic")
+    try:
+        wait_for_records(master, proc, 20_000)       # progress, not time
+        assert len(net.kill_host(0)) >= 4            # agent, chief, ps:0, worker:1
+    except BaseException:
+        proc.kill()
+        raise
+    report, out = finish(proc, tmp_path)
+    assert "h0" not in report["hosts"].values(), report["hosts"]
+    for task in ("chief:0", "ps:0", "worker:1"):
+        assert report["restarts"].get(task, 0) >= 1, (task, report["restarts"])
+    assert report["records"] == 60_000
+    # the user's counter restored with the model: every record once since the start
+    audit = report["audit"]
+    assert audit["applied_0"] == 0 and audit["ok"], audit
+
+
+@pytest.mark.parametrize("api", ["keras"])
+def test_the_controller_moves_a_users_straggler_to_another_host(hosts, tmp_path,
+                                                                 big_user_data, api):
+    """AntDT-ND relaunches the x4-slowed worker of the user's job on another host: a new
+    address, so the user's chief restarts with the new cluster and restores."""
+    net, master = hosts
+    proc = launch_on_agents(tmp_path, master, big_user_data, api, "--num_ps=1",
+                            "--num_workers=2", "--policy=antdt-nd",
+                            "--relaunch_cost_seconds=1", "--min_gain_seconds=0.5",
+                            # epochs: a job long enough for the move to land in it
+                            "--epochs=5", "--inject=slow:worker:1:x4@0s")
+    report, out = finish(proc, tmp_path)
+    moves = [a for a in report["actions"] if a["action"] == "RelaunchWorker"]
+    assert len(moves) == 1, (report["actions"], report["health"], report["events"])
+    assert (moves[0]["job"], moves[0]["index"]) == ("worker", 1)
+    assert moves[0]["from_host"] != moves[0]["to_host"]
+    assert "recovered_after_s" in moves[0], moves[0]      # the move landed in the job
+    assert any("worker:1 moved to 198.18.0." in ev["event"] for ev in report["events"])
+    assert report["records"] == 5 * 60_000
+    audit = report["audit"]
+    assert audit["applied_0"] == 0 and audit["ok"], audit

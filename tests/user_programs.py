@@ -68,7 +68,8 @@ def main():
     args = ap.parse_args()
     ctx = program.context()
     with ShardingClient(ctx.master) as client:
-        num_records = int(client.progress(ctx.dataset).datasets[0].records_per_epoch)
+        progress = client.progress(ctx.dataset).datasets[0]
+        num_records, epochs = int(progress.records_per_epoch), int(progress.num_epochs)
     strategy = tf.distribute.experimental.ParameterServerStrategy(ctx.cluster_resolver())
     with strategy.scope():
         model = Ranker(num_records)
@@ -88,7 +89,7 @@ def main():
     model.fit(data, epochs=1, steps_per_epoch=sharding.steps_upper_bound(args.batch_size),
               callbacks=[sharding], verbose=0)
     seen = full_value(model.seen).numpy()
-    ctx.write_report({"batch_size": args.batch_size, "audit": audit_summary(seen, 1)})
+    ctx.write_report({"batch_size": args.batch_size, "audit": audit_summary(seen, epochs)})
 
 
 program.run(main)
@@ -147,7 +148,8 @@ def main():
     args = ap.parse_args()
     ctx = program.context()
     client = ShardingClient(ctx.master, Task("chief", 0, ctx.generation))
-    num_records = int(client.progress(ctx.dataset).datasets[0].records_per_epoch)
+    progress = client.progress(ctx.dataset).datasets[0]
+    num_records, epochs = int(progress.records_per_epoch), int(progress.num_epochs)
     strategy = tf.distribute.experimental.ParameterServerStrategy(ctx.cluster_resolver())
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
@@ -165,7 +167,7 @@ def main():
     trainer.on_checkpoint = ckpt.save
     trainer.train()
     seen = full_value(model.seen).numpy()
-    ctx.write_report({"batch_size": args.batch_size, "audit": audit_summary(seen, 1)})
+    ctx.write_report({"batch_size": args.batch_size, "audit": audit_summary(seen, epochs)})
 
 
 program.run(main)

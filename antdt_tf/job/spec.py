@@ -262,13 +262,17 @@ def _check_combinations(spec) -> None:
 
     scaling = spec.max_workers > spec.num_workers
     kills_master = any(i.job == "master" for i in spec.injections)
-    if spec.backend in ("agents", "kubernetes", "ray") and (
-            spec.api != "custom_loop" or (scaling and spec.backend != "ray")):
-        page = {"agents": "backends", "kubernetes": "kubernetes", "ray": "ray"}[spec.backend]
+    if spec.backend in ("kubernetes", "ray") and spec.api != "custom_loop":
+        page = {"kubernetes": "kubernetes", "ray": "ray"}[spec.backend]
         raise InvalidRequest(f"JobSpec.backend={spec.backend} runs JobSpec.api=custom_loop "
-                             "jobs" + ("" if spec.backend == "ray" else
-                                       " without JobSpec.max_workers") +
-                             f" for now (docs/{page}.md)")
+                             f"jobs for now (docs/{page}.md)")
+    if spec.backend in ("kubernetes", "ray") and spec.program:
+        raise InvalidRequest(f"JobSpec.backend={spec.backend}: a job's own program runs on "
+                             "local and agents for now (docs/program.md)")
+    if scaling and spec.backend in ("agents", "kubernetes"):
+        page = {"agents": "backends", "kubernetes": "kubernetes"}[spec.backend]
+        raise InvalidRequest(f"JobSpec.backend={spec.backend} runs jobs without "
+                             f"JobSpec.max_workers for now (docs/{page}.md)")
     if spec.backend == "agents":
         if kills_master:
             raise InvalidRequest("JobSpec.backend=agents: the master is not the launcher's "
