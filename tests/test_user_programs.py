@@ -33,7 +33,8 @@ def launch(tmp_path, user_data, api: str, *flags: str, program_args=()):
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "antdt_tf.launch", f"--api={api}", f"--program={program}",
            f"--data={user_data}/*.tfrecord", "--num_ps=1", "--num_workers=2",
-           "--records_per_shard=500", "--noprogress", f"--workdir={tmp_path / 'job'}",
+           "--records_per_shard=500", "--epochs=3", "--noprogress",
+           f"--workdir={tmp_path / 'job'}",
            f"--report_json={report}", "--timeout_seconds=240", *flags,
            "--", f"--batch_size={BATCH}", *program_args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -41,16 +42,17 @@ def launch(tmp_path, user_data, api: str, *flags: str, program_args=()):
     return json.loads(report.read_text()), out.stderr
 
 
-def check_exactly_once(report, kills: int):
+def check_exactly_once(report, kills: int, epochs: int = 3):
     audit = report["audit"]
-    assert report["records"] == sum(RECORDS)
+    assert report["records"] == epochs * sum(RECORDS)
+    assert audit["expected_times"] == epochs
     assert audit["applied_0"] == 0, audit               # nothing lost
     assert audit["applied_other"] <= kills * BATCH, audit
     assert audit["ok"], audit
-    assert sum(report["records_per_worker"]) >= sum(RECORDS) - kills * BATCH
+    assert sum(report["records_per_worker"]) >= epochs * sum(RECORDS) - kills * BATCH
 
 
-@pytest.mark.parametrize("api", ["keras", "custom_loop"])
+@pytest.mark.parametrize("api", ["keras", "custom_loop", "mts", "estimator"])
 def test_a_users_program_survives_a_worker_kill_locally(tmp_path, user_data, api):
     report, log = launch(tmp_path, user_data, api, "--inject=kill:worker:1@40%")
     check_exactly_once(report, kills=1)

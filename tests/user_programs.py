@@ -173,7 +173,160 @@ def main():
 program.run(main)
 '''
 
-PROGRAMS = {"keras": KERAS_PROGRAM, "custom_loop": CUSTOM_LOOP_PROGRAM}
+# TF1 between-graph on this TensorFlow: every worker runs this (worker 0 the chief)
+MTS_PROGRAM = '''
+import argparse
+
+import tensorflow as tf
+
+from antdt_tf import program
+from antdt_tf.data.metrics import audit_summary
+from antdt_tf.estimator import ShardFeed
+from antdt_tf.sharding.client import ShardingClient
+from antdt_tf.tf.formats import TFRecordExamples
+
+FEATURES = {"user": tf.io.FixedLenFeature([], tf.int64),
+            "item": tf.io.FixedLenFeature([], tf.int64),
+            "rid": tf.io.FixedLenFeature([], tf.int64),
+            "label": tf.io.FixedLenFeature([], tf.float32)}
+
+
+def train_op(features, labels, num_records):
+    v1 = tf.compat.v1
+    init = v1.random_normal_initializer(stddev=0.05, seed=1)
+    user = v1.get_variable("user", [1000, 8], initializer=init, use_resource=True)
+    item = v1.get_variable("item", [1000, 8], initializer=init, use_resource=True)
+    w = v1.get_variable("w", [24, 1], initializer=init, use_resource=True)
+    seen = v1.get_variable("seen", [num_records], tf.int32, v1.zeros_initializer(),
+                           trainable=False, use_resource=True)
+    u = tf.nn.embedding_lookup(user, features["user"] % 1000)
+    i = tf.nn.embedding_lookup(item, features["item"] % 1000)
+    logits = tf.matmul(tf.concat([u, i, u * i], axis=1), w)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        tf.reshape(labels, [-1, 1]), logits))
+    step = v1.train.GradientDescentOptimizer(0.1).minimize(
+        loss, global_step=v1.train.get_or_create_global_step())
+    rid = features["rid"]
+    count = seen.scatter_add(tf.IndexedSlices(tf.ones_like(rid, tf.int32), rid))
+    return tf.group(step, count), seen
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch_size", type=int, default=64)
+    args = ap.parse_args()
+    ctx = program.context()
+    v1 = tf.compat.v1
+    i, chief = ctx.index, ctx.index == 0
+    cluster = tf.train.ClusterSpec(ctx.cluster)
+    server = tf.distribute.Server(cluster, job_name="worker", task_index=i, start=True)
+    v1.disable_eager_execution()
+    with ShardingClient(ctx.master) as client:
+        progress = client.progress(ctx.dataset).datasets[0]
+        num_records, epochs = int(progress.records_per_epoch), int(progress.num_epochs)
+    feed = ShardFeed(ctx.master, ctx.dataset, args.batch_size, worker=i,
+                     worker_device=f"/job:worker/task:{i}",
+                     record_format=TFRecordExamples(FEATURES))
+    with v1.device(v1.train.replica_device_setter(cluster=cluster,
+                                                  worker_device=f"/job:worker/task:{i}")):
+        features, labels = feed.input_fn()
+        op, seen = train_op(features, labels, num_records)
+    hooks = feed.hooks()
+    chief_hooks = feed.chief_hooks(ctx.checkpoint_dir, save_secs=1) if chief else []
+    config = v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{i}"])
+    with v1.train.MonitoredTrainingSession(
+            master=server.target, is_chief=chief, checkpoint_dir=ctx.checkpoint_dir,
+            save_checkpoint_secs=None, save_checkpoint_steps=None,
+            save_summaries_steps=None, save_summaries_secs=None, log_step_count_steps=None,
+            hooks=hooks, chief_only_hooks=chief_hooks, config=config) as sess:
+        try:
+            while not sess.should_stop():
+                sess.run(op)
+        except tf.errors.OutOfRangeError:
+            pass
+    if chief:
+        with v1.Session(server.target, config=config) as s:
+            counts = s.run(seen)
+        ctx.write_report({"batch_size": args.batch_size,
+                          "audit": audit_summary(counts, epochs)})
+    feed.close()
+
+
+program.run(main)
+'''
+
+# tf.estimator (TF 2.15): every task runs this; Estimator reads TF_CONFIG itself
+ESTIMATOR_PROGRAM = '''
+import argparse
+
+import tensorflow as tf
+
+from antdt_tf import program
+from antdt_tf.data.metrics import audit_summary
+from antdt_tf.estimator import ShardFeed
+from antdt_tf.sharding.client import ShardingClient
+from antdt_tf.tf.formats import TFRecordExamples
+
+FEATURES = {"user": tf.io.FixedLenFeature([], tf.int64),
+            "item": tf.io.FixedLenFeature([], tf.int64),
+            "rid": tf.io.FixedLenFeature([], tf.int64),
+            "label": tf.io.FixedLenFeature([], tf.float32)}
+
+
+def model_fn(features, labels, mode, params):
+    v1 = tf.compat.v1
+    init = v1.random_normal_initializer(stddev=0.05, seed=1)
+    user = v1.get_variable("user", [1000, 8], initializer=init)
+    item = v1.get_variable("item", [1000, 8], initializer=init)
+    w = v1.get_variable("w", [24, 1], initializer=init)
+    seen = v1.get_variable("seen", [params["num_records"]], tf.int32,
+                           v1.zeros_initializer(), trainable=False)
+    u = tf.nn.embedding_lookup(user, features["user"] % 1000)
+    i = tf.nn.embedding_lookup(item, features["item"] % 1000)
+    logits = tf.matmul(tf.concat([u, i, u * i], axis=1), w)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        tf.reshape(labels, [-1, 1]), logits))
+    step = v1.train.GradientDescentOptimizer(0.1).minimize(
+        loss, global_step=v1.train.get_or_create_global_step())
+    rid = features["rid"]
+    count = v1.scatter_add(seen, rid, tf.ones_like(rid, tf.int32))
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=tf.group(step, count))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch_size", type=int, default=64)
+    args = ap.parse_args()
+    ctx = program.context()
+    with ShardingClient(ctx.master) as client:
+        progress = client.progress(ctx.dataset).datasets[0]
+        num_records, epochs = int(progress.records_per_epoch), int(progress.num_epochs)
+    config = tf.estimator.RunConfig(model_dir=ctx.checkpoint_dir, save_checkpoints_secs=1,
+                                    experimental_max_worker_delay_secs=0)
+    estimator = tf.estimator.Estimator(model_fn, params={"num_records": num_records},
+                                       config=config)
+    if ctx.role == "ps":          # train_and_evaluate serves the PS until it is stopped
+        unused = tf.estimator.TrainSpec(lambda: None), tf.estimator.EvalSpec(lambda: None)
+        tf.estimator.train_and_evaluate(estimator, *unused)
+        return
+    feed = ShardFeed(ctx.master, ctx.dataset, args.batch_size,
+                     record_format=TFRecordExamples(FEATURES))
+    train_spec = tf.estimator.TrainSpec(feed.input_fn, hooks=feed.hooks(),
+                                        saving_listeners=feed.saving_listeners())
+    eval_spec = tf.estimator.EvalSpec(feed.input_fn, steps=1)
+    tf.estimator.train_and_evaluate(estimator, train_spec, eval_spec)
+    if ctx.index == 0:            # worker 0 is Estimator's chief
+        counts = estimator.get_variable_value("seen")
+        ctx.write_report({"batch_size": args.batch_size,
+                          "audit": audit_summary(counts, epochs)})
+    feed.close()
+
+
+program.run(main)
+'''
+
+PROGRAMS = {"keras": KERAS_PROGRAM, "custom_loop": CUSTOM_LOOP_PROGRAM, "mts": MTS_PROGRAM,
+            "estimator": ESTIMATOR_PROGRAM}
 
 
 def write_program(directory: pathlib.Path, api: str, name: str = "train.py") -> pathlib.Path:

@@ -81,6 +81,9 @@ class ShardFeed:
     variable created by :meth:`input_fn` under the device scope in effect — a PS under
     ``replica_device_setter`` / Estimator, where it survives the worker — with
     ``2 * worker_slots`` rows (worker indices must stay below ``worker_slots``).
+    ``record_format``: how the dataset's files are read and decoded
+    (:mod:`antdt_tf.tf.formats`: ``TFRecordExamples`` for ``tf.train.Example`` files, or
+    one's own; default the compact ``.adtr`` format).
     ``prefetch_batches``: batches leased, read and decoded ahead of the step (0: none),
     so the next batch is ready when the step asks; a refused lease's batches are still
     dropped at the step (see :meth:`dataset_fn`).
@@ -90,7 +93,7 @@ class ShardFeed:
                  parse: Optional[Callable] = None, worker_wait_seconds: Optional[float] = 0.1,
                  is_chief: Optional[bool] = None, worker_device: Optional[str] = None,
                  sparse_reports: bool = True, worker_slots: int = 64,
-                 prefetch_batches: int = 2):
+                 prefetch_batches: int = 2, record_format=None):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
         if prefetch_batches < 0:
@@ -114,6 +117,7 @@ class ShardFeed:
         self.worker = worker
         self.sparse_reports, self.worker_slots = sparse_reports, worker_slots
         self.parse = parse
+        self.record_format = record_format     # antdt_tf.tf.formats (default: .adtr)
         self.prefetch_batches = prefetch_batches
         self.client = TfRpcClient(master, dataset, worker)
         self.worker_device = worker_device
@@ -140,7 +144,8 @@ class ShardFeed:
         # where the report hook finds it (it writes a refused lease there)
         tf.compat.v1.add_to_collection(REFUSED_LEASE_COLLECTION, self.refused_lease)
         ds = pull_dataset(self.master, self.dataset, self.batch_size, worker=self.worker,
-                          sparse_reports=self.sparse_reports)
+                          sparse_reports=self.sparse_reports,
+                          record_format=self.record_format)
         refused = self.refused_lease
         # leases, reads and decoding run ahead of the step (prefetch), the refusal check
         # does not: the filter reads the variable when the step takes its batch, so a
