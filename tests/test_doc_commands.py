@@ -169,6 +169,15 @@ def sandbox(tmp_path_factory):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if not target.exists():
                     os.link(held_out if "eval" in value else train, target)
+            elif value.strip("'").startswith(MAPPED_ROOTS) and ".tfrecord" in value:
+                # a user's TFRecord files (a glob): one small file where it points
+                from keras_examples.clicks import write_examples
+
+                pattern = value.strip("'").lstrip("/")
+                target = base / pattern.replace("*", "0")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if not target.exists():
+                    write_examples(target, 0, 100)
     cwd = base / "cwd"
     cwd.mkdir()
     return base, cwd, env
@@ -206,7 +215,9 @@ def _make_launch_lines(target: str) -> list[list[str]]:
 def _check_launch(argv, base, env, where):
     cwd = pathlib.Path(tempfile.mkdtemp(dir=base))    # empty: --dry_run must create nothing
     argv = _mapped([_binary(argv[0]), *argv[1:]], base)
-    proc = _run([*argv, "--dry_run"], cwd, env)
+    # before a program's own arguments ('--'), which are the program's, not ours
+    cut = argv.index("--") if "--" in argv else len(argv)
+    proc = _run([*argv[:cut], "--dry_run", *argv[cut:]], cwd, env)
     assert proc.returncode == 0, (f"{where}: `{shlex.join(argv)}` no longer passes "
                                   f"--dry_run:\n{proc.stderr[-3000:]}")
     assert "the job is valid" in proc.stdout and "coordinator" in proc.stdout \

@@ -29,9 +29,15 @@ def user_data(tmp_path_factory):
 
 
 def launch(tmp_path, user_data, api: str, *flags: str, program_args=()):
-    program = user_programs.write_program(tmp_path / "my-project", api)
+    project = tmp_path / "my-project"
+    if api == "custom_loop":      # a module of the user's package: pkg.module + code_dir
+        user_programs.write_program(project / "ranking", api, name="loop.py")
+        (project / "ranking" / "__init__.py").write_text("")
+        program = ["--program=ranking.loop", f"--code_dir={project}"]
+    else:                         # a file
+        program = [f"--program={user_programs.write_program(project, api)}"]
     report = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "antdt_tf.launch", f"--api={api}", f"--program={program}",
+    cmd = [sys.executable, "-m", "antdt_tf.launch", f"--api={api}", *program,
            f"--data={user_data}/*.tfrecord", "--num_ps=1", "--num_workers=2",
            "--records_per_shard=500", "--epochs=3", "--noprogress",
            f"--workdir={tmp_path / 'job'}",

@@ -9,91 +9,10 @@ from __future__ import annotations
 import pathlib
 import textwrap
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
 # a tf-keras ranking model: two embedding tables and an MLP, its own train_step
-KERAS_PROGRAM = '''
-import os
-os.environ["TF_USE_LEGACY_KERAS"] = "1"     # tf-keras: Keras 3 has no PSS
-
-import argparse
-
-import tensorflow as tf
-
-from antdt_tf import program
-from antdt_tf.data.metrics import audit_summary
-from antdt_tf.sharding.client import ShardingClient
-from antdt_tf.tf import keras as antdt_keras
-from antdt_tf.tf.formats import TFRecordExamples
-from antdt_tf.tf.variables import full_value
-
-FEATURES = {"user": tf.io.FixedLenFeature([], tf.int64),
-            "item": tf.io.FixedLenFeature([], tf.int64),
-            "rid": tf.io.FixedLenFeature([], tf.int64),
-            "label": tf.io.FixedLenFeature([], tf.float32)}
-
-
-def parse(batch):
-    features = dict(batch)
-    return features, features.pop("label")
-
-
-class Ranker(tf.keras.Model):
-    def __init__(self, num_records):
-        super().__init__()
-        self.user_emb = tf.keras.layers.Embedding(1000, 8)
-        self.item_emb = tf.keras.layers.Embedding(1000, 8)
-        self.hidden = tf.keras.layers.Dense(16, activation="relu")
-        self.out = tf.keras.layers.Dense(1, activation="sigmoid")
-        self.seen = tf.Variable(tf.zeros([num_records], tf.int32), trainable=False)
-
-    def call(self, x, training=False):
-        u, i = self.user_emb(x["user"] % 1000), self.item_emb(x["item"] % 1000)
-        return self.out(self.hidden(tf.concat([u, i, u * i], axis=1)))
-
-    def train_step(self, data):
-        x, y, w = tf.keras.utils.unpack_x_y_sample_weight(data)
-        with tf.GradientTape() as tape:
-            loss = self.compiled_loss(tf.reshape(y, [-1, 1]), self(x, training=True),
-                                      sample_weight=w)
-        grads = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-        trained = tf.boolean_mask(x["rid"], w > 0)
-        self.seen.scatter_add(tf.IndexedSlices(tf.ones_like(trained, tf.int32), trained))
-        return {"loss": loss}
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batch_size", type=int, default=64)
-    ap.add_argument("--steps_per_execution", type=int, default=4)
-    args = ap.parse_args()
-    ctx = program.context()
-    with ShardingClient(ctx.master) as client:
-        progress = client.progress(ctx.dataset).datasets[0]
-        num_records, epochs = int(progress.records_per_epoch), int(progress.num_epochs)
-    strategy = tf.distribute.experimental.ParameterServerStrategy(ctx.cluster_resolver())
-    with strategy.scope():
-        model = Ranker(num_records)
-        model.compile(optimizer=tf.keras.optimizers.SGD(0.1),
-                      loss=tf.keras.losses.BinaryCrossentropy(),
-                      steps_per_execution=args.steps_per_execution)
-    sharding = antdt_keras.ShardingCallback(
-        ctx.master, ctx.dataset, checkpoint_dir=ctx.checkpoint_dir,
-        checkpoint_every_seconds=ctx.checkpoint_every_seconds, sparse_reports=True,
-        worker_slots=ctx.worker_slots)
-    model = sharding.attach(model)
-    sharding.restore_or_initialize(model)
-    data = antdt_keras.dataset_creator(
-        ctx.master, ctx.dataset, args.batch_size, sparse_reports=True, parse=parse,
-        record_format=TFRecordExamples(FEATURES),
-        steps_per_execution=args.steps_per_execution)
-    model.fit(data, epochs=1, steps_per_epoch=sharding.steps_upper_bound(args.batch_size),
-              callbacks=[sharding], verbose=0)
-    seen = full_value(model.seen).numpy()
-    ctx.write_report({"batch_size": args.batch_size, "audit": audit_summary(seen, epochs)})
-
-
-program.run(main)
-'''
+KERAS_PROGRAM = (ROOT / "keras_examples" / "ranker.py").read_text()   # the shipped one
 
 # a ClusterCoordinator loop (PullTrainer) over the user's own tf.Module and step
 CUSTOM_LOOP_PROGRAM = '''
@@ -170,7 +89,8 @@ def main():
     ctx.write_report({"batch_size": args.batch_size, "audit": audit_summary(seen, epochs)})
 
 
-program.run(main)
+if __name__ == "__main__":
+    program.run(main)
 '''
 
 # TF1 between-graph on this TensorFlow: every worker runs this (worker 0 the chief)
@@ -252,7 +172,8 @@ def main():
     feed.close()
 
 
-program.run(main)
+if __name__ == "__main__":
+    program.run(main)
 '''
 
 # tf.estimator (TF 2.15): every task runs this; Estimator reads TF_CONFIG itself
@@ -322,7 +243,8 @@ def main():
     feed.close()
 
 
-program.run(main)
+if __name__ == "__main__":
+    program.run(main)
 '''
 
 PROGRAMS = {"keras": KERAS_PROGRAM, "custom_loop": CUSTOM_LOOP_PROGRAM, "mts": MTS_PROGRAM,
@@ -338,20 +260,8 @@ def write_program(directory: pathlib.Path, api: str, name: str = "train.py") -> 
 
 
 def write_examples(path: pathlib.Path, first_rid: int, count: int, seed: int = 0) -> None:
-    """``count`` tf.train.Examples (rid ``first_rid``...) with a learnable label: a click
-    when user and item share parity."""
-    import numpy as np
-    import tensorflow as tf
+    """The user's TFRecord data (keras_examples.clicks: tf.train.Examples with a
+    learnable label and each record's own id)."""
+    from keras_examples.clicks import write_examples as write
 
-    rng = np.random.default_rng(seed)
-    users, items = rng.integers(0, 1000, count), rng.integers(0, 1000, count)
-    with tf.io.TFRecordWriter(str(path)) as w:
-        for k in range(count):
-            def int64(v):
-                return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v)]))
-            label = float((users[k] + items[k]) % 2 == 0)
-            w.write(tf.train.Example(features=tf.train.Features(feature={
-                "user": int64(users[k]), "item": int64(items[k]),
-                "rid": int64(first_rid + k),
-                "label": tf.train.Feature(float_list=tf.train.FloatList(value=[label]))}))
-                .SerializeToString())
+    write(path, first_rid, count, seed)

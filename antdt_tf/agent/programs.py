@@ -271,9 +271,11 @@ def _probe(args: cpb.ProbeTaskArgs, paths: PathPolicy, bind_host: str = "") -> C
     return Command("antdt_tf.agent.probe_task", tuple(argv))
 
 
-# antdt-tf's own trainers, run as programs from the installed package (no program root)
+# antdt-tf's own trainers and example programs, run from the installed package (no
+# program root needed: they are antdt-tf's code, as trusted as the agent itself)
 BUILTIN_PROGRAMS = ("antdt_tf.tf.coordinator", "antdt_tf.tf.keras_trainer",
-                    "estimator_examples.train_mts", "estimator_examples.train_estimator")
+                    "estimator_examples.train_mts", "estimator_examples.train_estimator",
+                    "keras_examples.ranker")
 _MODULE = re.compile(r"[A-Za-z_]\w{0,63}(?:\.[A-Za-z_]\w{0,63}){0,15}(?::[A-Za-z_]\w{0,63})?\Z")
 _ROLES = {"custom_loop": ("chief",), "keras": ("chief",), "mts": ("worker",),
           "estimator": ("worker", "ps")}

@@ -48,7 +48,7 @@ _JOBS = ("chief", "ps", "worker")
 
 def new_spec(**fields) -> jpb.JobSpec:
     """A JobSpec with :data:`DEFAULTS` and ``fields`` set (unchecked: see :func:`validate`).
-    ``workdir`` may be a path, ``injections`` parsed :class:`Injection` s, ``addresses``
+    ``workdir`` may be a path, ``injections`` parsed :class:`Injection` objects, ``addresses``
     a ``{job: [host:port]}`` dict (the local backend's loopback addresses)."""
     injections = fields.pop("injections", ())
     addresses = fields.pop("addresses", {})

@@ -43,16 +43,18 @@ def _shown_argv(argv) -> str:
 def task_commands(cfg: Job) -> list[tuple[str, str, str]]:
     """(task, host, command) of every task the job starts, in start order. Raises
     InvalidRequest when the agent would refuse a task's arguments."""
+    from antdt_tf.agent.client import start_request
     from antdt_tf.agent.programs import PathPolicy, command_for
     from antdt_tf.master.runner.taskspecs import TaskContext, task_args
-    from antdt_tf.proto import cluster_pb2 as cpb
 
     where = place(cfg.num_ps, cfg.slots, max(cfg.num_hosts, 1))
     ctx = TaskContext(cfg, _placeholder_spec(cfg, where), cfg.num_workers,
                       MASTER_PLACEHOLDER, cfg.workdir / "coordinator_report.json")
-    data_dirs = {str(pathlib.Path(p).parent) for p in (cfg.data, cfg.eval_data) if p}
+    data_dirs = {str(pathlib.Path(p).parent) for p in
+                 (cfg.data, cfg.eval_data, *(f for f, _ in cfg.files)) if p}
     paths = PathPolicy(tuple(str(r) for r in (cfg.workdir, cfg.checkpoint_dir) if r),
-                       tuple(sorted(data_dirs)))
+                       tuple(sorted(data_dirs)),
+                       (cfg.program_root,) if cfg.program_root else ())
     tasks = [("ps", i) for i in range(cfg.num_ps)] + [
         ("worker", i) for i in range(cfg.num_workers)]
     if not cfg.tf1:
@@ -60,16 +62,15 @@ def task_commands(cfg: Job) -> list[tuple[str, str, str]]:
     out = []
     for job, index in tasks:
         program, args = task_args(ctx, job, index)
-        field = {cpb.TF_SERVER: "tf_server", cpb.PSS_CHIEF: "chief", cpb.KERAS_CHIEF: "chief",
-                 cpb.MTS_TRAINER: "tf1_trainer", cpb.ESTIMATOR_TRAINER: "tf1_trainer"}[program]
-        req = cpb.StartTaskRequest(program=program, **{field: args})
-        command = command_for(req, paths)
+        command = command_for(start_request(job, index, program, args), paths)
         python = "python (TF 2.15)" if command.estimator else "python"
         name = "coordinator" if job == "chief" else f"{job}:{index}"
         if cfg.tf1 and job == "worker" and index == 0:
             name += " (chief)"
+        env = " (its job in TF_CONFIG, ANTDT_*: docs/program.md)" if any(
+            k == "TF_CONFIG" for k, _ in command.env) else ""
         out.append((name, f"host{where[job, index]}",
-                    f"{python} -m {command.module} {_shown_argv(command.argv)}"))
+                    f"{python} -m {command.module} {_shown_argv(command.argv)}{env}"))
     return out
 
 
@@ -94,7 +95,15 @@ def describe(cfg: Job, *, generate: tuple[int, int] | None, report_json: str,
     else:
         lines.append(f"  backend     kubernetes: the master at {master} creates a pod per "
                      "task")
-    if generate is None:
+    if cfg.files:
+        records = sum(n for _, n in cfg.files)
+        lines.append(f"  data        {len(cfg.files)} file(s), {records:,} records "
+                     f"({math.ceil(records / cfg.records_per_shard):,}+ shards of "
+                     f"{cfg.records_per_shard:,}): " + ", ".join(
+                         f"{p} ({n:,})" for p, n in cfg.files[:3])
+                     + (", ..." if len(cfg.files) > 3 else "")
+                     + f"; {cfg.epochs} epoch(s)")
+    elif generate is None:
         records = _records(cfg.data)
         shards = math.ceil(records / cfg.records_per_shard) if records else None
         lines.append(f"  data        {cfg.data}"
@@ -110,13 +119,18 @@ def describe(cfg: Job, *, generate: tuple[int, int] | None, report_json: str,
                      f"generated into {pathlib.Path(cfg.data).parent}: "
                      f"{math.ceil(train / cfg.records_per_shard):,} shards of "
                      f"{cfg.records_per_shard:,}; {cfg.epochs} epoch(s)")
+    if cfg.program:
+        lines.append(f"  program     {cfg.program}"
+                     + (f" (from {cfg.code_dir})" if cfg.code_dir else "")
+                     + (" " + " ".join(cfg.program_args) if cfg.program_args else ""))
     lines.append(f"  training    --api={cfg.api}"
                  + (f" --data_path={cfg.data_path} --mode={cfg.mode}" if cfg.api ==
                     "custom_loop" else "")
                  + f", {cfg.num_ps} PS, {cfg.num_workers} worker(s)"
                  + (f" (up to {cfg.max_workers})" if cfg.max_workers > cfg.num_workers
                     else "")
-                 + f", batch {cfg.batch_size}, policy {cfg.policy}")
+                 + (f", batch {cfg.batch_size}" if not cfg.program else "")
+                 + f", policy {cfg.policy}")
     lines.append(f"  checkpoints {cfg.checkpoint_dir or workdir + '/checkpoints'} every "
                  f"{cfg.checkpoint_every_seconds:g} s")
     lines.append(f"  report      {report_json or '(summary only; no --report_json)'}"

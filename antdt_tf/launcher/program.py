@@ -12,11 +12,9 @@ from __future__ import annotations
 import os
 import pathlib
 
+from antdt_tf.agent.programs import BUILTIN_PROGRAMS
 from antdt_tf.data import files as data_files
 from antdt_tf.errors import DataError, InvalidRequest
-
-BUILTIN_PROGRAMS = ("antdt_tf.tf.coordinator", "antdt_tf.tf.keras_trainer",
-                    "estimator_examples.train_mts", "estimator_examples.train_estimator")
 
 
 def resolve_program(program: str, code_dir: str, remote: bool) -> tuple[str, str]:
