@@ -68,6 +68,27 @@ def test_a_users_program_survives_a_worker_kill_locally(tmp_path, user_data, api
     assert report["coordinator"]["batch_size"] == BATCH
 
 
+
+def test_antdt_tfs_own_trainer_runs_as_a_program_like_any_other(tmp_path):
+    """The built-in custom-loop chief, named as the job's program, takes the job from
+    the contract (TF_CONFIG, ANTDT_*) and trains the generated .adtr data exactly once
+    through a worker SIGKILL."""
+    report = tmp_path / "report.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "antdt_tf.launch", "--program=antdt_tf.tf.coordinator",
+         "--generate_records=20000", "--eval_records=0", "--num_ps=1", "--num_workers=2",
+         "--records_per_shard=500", "--audit", "--noprogress",
+         f"--workdir={tmp_path / 'job'}", f"--report_json={report}",
+         "--timeout_seconds=240", "--inject=kill:worker:1@40%",
+         "--", "--buckets=4096", f"--batch_size={BATCH}"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    got = json.loads(report.read_text())
+    assert "restored_from" in got["coordinator"]    # its own report, at the contract's path
+    audit = got["audit"]
+    assert got["records"] == 20_000 and audit["applied_0"] == 0 and audit["ok"], audit
+    assert got["restarts"] == {"worker:1": 1}
+
 # ---- on real hosts (network namespaces), through their agents --------------------
 
 @pytest.fixture(scope="module")
