@@ -1,58 +1,6 @@
 """Local jobs for the multi-process tests: generated train + held-out data, an
 in-process master, and real PS/worker processes (TF2 PSS, or TF1 between-graph)."""
 
-
-def wait_until(cond, timeout: float, what: str):
-    """``cond()``'s first true value, polled until ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
-def train_progress(admin):
-    """The master's progress of dataset ``train``, None until it is registered (the
-    chief registers it)."""
-    try:
-        return admin.progress("train")
-    except Exception:
-        return None
-
-
-def wait_for_records(master: str, launcher, count: int, timeout: float = 300) -> None:
-    """Returns once the master at ``master`` counts ``count`` records done (the job
-    registered and trained that far) while ``launcher`` runs: a trigger on progress, not
-    on time."""
-    from antdt_tf.errors import AntdtError
-    from antdt_tf.sharding.client import ShardingClient
-
-    with ShardingClient(master, timeout=10) as admin:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert launcher.poll() is None, "the launcher ended first"
-            assert time.monotonic() < deadline, f"{count} records not done in {timeout:g} s"
-            try:
-                if admin.progress("train").datasets[0].records_done_total >= count:
-                    return
-            except AntdtError:
-                pass            # not registered yet, or the master restarting
-            time.sleep(0.1)
-
-
-def write_data(tmp_path, num_records: int, eval_records: int, seed: int):
-    """``(train, held_out)`` record files from one hidden model."""
-    data, held_out = tmp_path / "train.adtr", tmp_path / "eval.adtr"
-    train, evaluation, seen = [], [], 0
-    for b in criteo.generate(criteo.SyntheticSpec(num_records + eval_records, seed=seed)):
-        k = max(0, min(len(b.label), num_records - seen))    # this block's training part
-        train.append(criteo.Batch(b.label[:k], b.dense[:k], b.sparse[:k]))
-        evaluation.append(criteo.Batch(b.label[k:], b.dense[k:], b.sparse[k:]))
-        seen += len(b.label)
-    records.write_records(data, train)
-    records.write_records(held_out, evaluation)
-    return data, held_out
-
 import contextlib
 import json
 import os
@@ -70,8 +18,48 @@ from antdt_tf.master.server import BackgroundMaster
 from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState
 from antdt_tf.tf.local_cluster import LocalCluster
+from waiting import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def train_progress(admin):
+    """The master's progress of dataset ``train``, None until it is registered (the
+    chief registers it)."""
+    try:
+        return admin.progress("train")
+    except Exception:
+        return None
+
+
+def wait_for_records(master: str, launcher, count: int, timeout: float = 300) -> None:
+    """Returns once the master at ``master`` counts ``count`` records done (the job
+    registered and trained that far) while ``launcher`` runs: a trigger on progress, not
+    on time."""
+    from antdt_tf.errors import AntdtError
+
+    with ShardingClient(master, timeout=10) as admin:
+        def done() -> bool:
+            assert launcher.poll() is None, "the launcher ended first"
+            try:
+                return admin.progress("train").datasets[0].records_done_total >= count
+            except AntdtError:
+                return False    # not registered yet, or the master restarting
+        wait_for(done, timeout, f"{count} records done", interval=0.1)
+
+
+def write_data(tmp_path, num_records: int, eval_records: int, seed: int):
+    """``(train, held_out)`` record files from one hidden model."""
+    data, held_out = tmp_path / "train.adtr", tmp_path / "eval.adtr"
+    train, evaluation, seen = [], [], 0
+    for b in criteo.generate(criteo.SyntheticSpec(num_records + eval_records, seed=seed)):
+        k = max(0, min(len(b.label), num_records - seen))    # this block's training part
+        train.append(criteo.Batch(b.label[:k], b.dense[:k], b.sparse[:k]))
+        evaluation.append(criteo.Batch(b.label[k:], b.dense[k:], b.sparse[k:]))
+        seen += len(b.label)
+    records.write_records(data, train)
+    records.write_records(held_out, evaluation)
+    return data, held_out
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from antdt_tf.master.server import BackgroundMaster
 from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState
 from procs import reachable
+from waiting import wait_for
 
 AGENT_BIN = str(pathlib.Path(sys.executable).parent / "antdt-agent")
 
@@ -36,11 +37,10 @@ class AgentProcess:
              f"--master={master}", f"--task_log_dir={self.workdir / 'tasks'}",
              "--report_seconds=0.2"], stdout=self.log, stderr=self.log,
             start_new_session=True, env=child_env())
-        deadline = time.monotonic() + 30
-        while not port_file.exists():
+        def serving():
             assert self.proc.poll() is None, (self.workdir / "agent.log").read_text()
-            assert time.monotonic() < deadline, "agent did not start"
-            time.sleep(0.05)
+            return port_file.exists()
+        wait_for(serving, 30, "the agent to serve")
         self.address = f"127.0.0.1:{port_file.read_text().strip()}"
         self.client = AgentClient(self.address, timeout=20)
 
@@ -76,22 +76,12 @@ def free_endpoint() -> str:
     return f"127.0.0.1:{free_ports(1)[0]}"
 
 
-def wait_for(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_start_list_kill_restart_and_report_to_master(tmp_path, agent, master):
     endpoint = free_endpoint()
     st = agent.client.start("worker", 0, cpb.PROBE_TASK, probe(endpoint=endpoint))
     assert st.state == cpb.TaskStatus.RUNNING and st.starts == 1
     assert psutil.Process(st.pid).is_running()
-    wait_for(lambda: reachable(endpoint), what="the task to serve")
+    wait_for(lambda: reachable(endpoint), 20, "the task to serve")
     (listed,) = agent.client.list().tasks
     assert listed.pid == st.pid and listed.state == cpb.TaskStatus.RUNNING
 
@@ -100,11 +90,11 @@ def test_start_list_kill_restart_and_report_to_master(tmp_path, agent, master):
         def reported(state):
             agents = mon.status().agents
             return agents and agents[0].tasks and agents[0].tasks[0].state == state
-        wait_for(lambda: reported(cpb.TaskStatus.RUNNING), what="a RUNNING report")
+        wait_for(lambda: reported(cpb.TaskStatus.RUNNING), 20, "a RUNNING report")
         killed = agent.client.stop("worker", 0, kill=True)
         assert killed.state == cpb.TaskStatus.STOPPED and killed.exit_code == -signal.SIGKILL
         assert not psutil.pid_exists(st.pid) or psutil.Process(st.pid).status() == "zombie"
-        wait_for(lambda: reported(cpb.TaskStatus.STOPPED), what="a STOPPED report")
+        wait_for(lambda: reported(cpb.TaskStatus.STOPPED), 20, "a STOPPED report")
         status = mon.status()
         assert status.agents[0].host == "h0" and status.agents[0].agent_address == agent.address
 
@@ -115,7 +105,7 @@ def test_start_list_kill_restart_and_report_to_master(tmp_path, agent, master):
 def test_a_task_that_exits_on_its_own_is_reported_exited(tmp_path, agent):
     agent.client.start("ps", 0, cpb.PROBE_TASK, probe(exit_after_seconds=0, exit_code=3))
     st = wait_for(lambda: next((t for t in agent.client.list().tasks
-                                if t.state != cpb.TaskStatus.RUNNING), None), what="the exit")
+                                if t.state != cpb.TaskStatus.RUNNING), None), 20, "the exit")
     assert st.state == cpb.TaskStatus.EXITED and st.exit_code == 3
     assert "PROBE_TASK" in pathlib.Path(st.log_path).read_text()
 
@@ -125,8 +115,8 @@ def test_throttle_slows_for_a_while_then_restores(tmp_path, agent):
     st = agent.client.throttle("worker", 1, slowdown=3, duration_seconds=1.0)
     assert st.slowdown == 3
     proc = psutil.Process(st.pid)
-    wait_for(lambda: proc.status() == psutil.STATUS_STOPPED, what="SIGSTOP duty cycle")
-    wait_for(lambda: agent.client.list().tasks[0].slowdown == 1.0, what="the end of the slowdown")
+    wait_for(lambda: proc.status() == psutil.STATUS_STOPPED, 20, "SIGSTOP duty cycle")
+    wait_for(lambda: agent.client.list().tasks[0].slowdown == 1.0, 20, "the end of the slowdown")
     time.sleep(0.3)
     assert proc.status() != psutil.STATUS_STOPPED   # never left frozen
 
@@ -183,7 +173,7 @@ def test_a_caller_cannot_smuggle_environment_into_a_task(tmp_path, agent):
         st = ch.unary_unary("/antdt.v1.Agent/StartTask",
                             response_deserializer=cpb.TaskStatus.FromString)(raw, timeout=20)
     assert st.state == cpb.TaskStatus.RUNNING
-    wait_for(lambda: reachable(endpoint), what="the probe to serve")   # it started
+    wait_for(lambda: reachable(endpoint), 20, "the probe to serve")   # it started
     assert psutil.Process(st.pid).environ().get("PYTHONPATH", "") != str(hook)
     assert not marker.exists()
 
@@ -228,14 +218,14 @@ def test_agent_sigterm_stops_its_tasks(tmp_path, master):
     pid = a.client.start("worker", 0, cpb.PROBE_TASK, probe()).pid
     a.stop(signal.SIGTERM)
     assert a.proc.returncode == 0
-    wait_for(lambda: not psutil.pid_exists(pid), what="the task to end")
+    wait_for(lambda: not psutil.pid_exists(pid), 20, "the task to end")
 
 
 def test_agent_sigkill_leaves_no_orphans(tmp_path, master):
     a = AgentProcess(tmp_path, master.address)
     pid = a.client.start("worker", 0, cpb.PROBE_TASK, probe()).pid
     a.stop(signal.SIGKILL)
-    wait_for(lambda: not psutil.pid_exists(pid), what="the orphan to die")
+    wait_for(lambda: not psutil.pid_exists(pid), 20, "the orphan to die")
 
 
 def test_monitor_ignores_late_reports_and_rejects_bad_ones(master):

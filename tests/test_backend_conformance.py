@@ -23,7 +23,6 @@ import dataclasses
 import os
 import signal
 import socket
-import time
 from typing import Callable
 
 import pytest
@@ -33,6 +32,7 @@ from antdt_tf.proto import cluster_pb2 as cpb
 from antdt_tf.backends import (ClusterBackend, FailureKind, Placement, TaskName, TaskSpec,
                                TaskState)
 from antdt_tf.errors import StaleGeneration, TaskAlreadyRunning, Unschedulable
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 HOST_TIMEOUT = 3.0
@@ -88,7 +88,7 @@ def _agents_env(tmp_path, monkeypatch):
             backends.append(b)
             return b
         backend = new_backend()
-        _wait(lambda: len(backend.hosts()) == 3, 60, "three agents to register")
+        wait_for(lambda: len(backend.hosts()) == 3, 60, "three agents to register", interval=0.1)
         try:
             yield Env(backend, ["h0", "h1", "h2"], lambda h: net.kill_host(int(h[1:])),
                       new_backend)
@@ -192,13 +192,6 @@ def env(request, tmp_path, monkeypatch):
         yield from _kubernetes_cluster_env(tmp_path)
 
 
-def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def probe(backend: ClusterBackend, name: TaskName, host: str, memory_limit_bytes: int = 0,
           **fields) -> TaskSpec:
     endpoint = backend.endpoint(name.job, name.index, host)
@@ -214,24 +207,27 @@ def state_of(backend, name: TaskName):
 
 
 def wait_state(backend, name: TaskName, state: TaskState, timeout: float = 30):
-    _wait(lambda: (i := state_of(backend, name)) is not None and i.state is state, timeout,
-          f"{name} to be {state.value} (now {state_of(backend, name)})")
+    wait_for(lambda: (i := state_of(backend, name)) is not None and i.state is state, timeout,
+             lambda: f"{name} to be {state.value} (now {state_of(backend, name)})",
+             interval=0.1)
     return state_of(backend, name)
 
 
 def reach(endpoint: str, resolve=lambda e: e) -> str:
     """What the task at ``endpoint`` answers (``resolve``: the cluster's DNS, asked
     again on every try, as a relaunched task's address changes under its name)."""
-    deadline = time.monotonic() + 30
-    while True:
+    errors = []
+
+    def answer():
         try:
             host, port = resolve(endpoint).rsplit(":", 1)
             with socket.create_connection((host, int(port)), timeout=2) as c:
                 return c.recv(64).decode().strip()
-        except (OSError, AssertionError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+        except (OSError, AssertionError) as e:
+            errors.append(e)
+            return None
+    return wait_for(answer, 30, lambda: f"an answer at {endpoint} (last error: "
+                    f"{errors[-1] if errors else None!r})", interval=0.1)
 
 
 def test_a_launch_serves_at_its_endpoint_and_a_retried_launch_runs_nothing_twice(env):
@@ -353,7 +349,7 @@ def test_a_new_backend_sees_what_runs_and_launches_nothing_twice(env):
         b.launch(*specs[name])
     before = {k: (i.pid, i.uid) for k, i in b.tasks().items()}
     fresh = env.new_backend()
-    _wait(lambda: len(fresh.hosts()) >= 3, 30, "the hosts")
+    wait_for(lambda: len(fresh.hosts()) >= 3, 30, "the hosts", interval=0.1)
     seen = fresh.tasks()
     assert {k: (i.name, (i.pid, i.uid), i.running) for k, i in seen.items()} == {
         n.key: (n, before[n.key], True) for n in specs}

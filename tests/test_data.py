@@ -47,7 +47,23 @@ def test_generated_data_looks_like_criteo_and_carries_learnable_signal(data):
     spec, _, label, dense, sparse, prob = data
     assert 0.18 < label.mean() < 0.32                       # Criteo-like click rate
     assert 0.02 < (dense == -1).mean() < 0.08 and 0.02 < (sparse == -1).mean() < 0.08
-    assert len(np.unique(sparse[:, 8][sparse[:, 8] >= 0])) <= spec.vocab_sizes[8]
+    present = sparse >= 0
+    assert (sparse[present] < 2**32).all()                   # Criteo's 8-digit hex hashes
+    # Zipf over each feature's vocabulary: one id per popularity rank (no two ranks
+    # hash alike), never more ids than the vocabulary — a small one is used whole
+    # here; in a huge one the hottest id takes P(rank 0) = 1/zeta(a) of the values
+    a = spec.zipf_a
+    zeta = (np.arange(1, 10**6, dtype=np.float64) ** -a).sum() + 1e6 ** (1 - a) / (a - 1)
+    hottest = []
+    for f, vocab in enumerate(spec.vocab_sizes):
+        ids, counts = np.unique(sparse[present[:, f], f], return_counts=True)
+        hottest.append(ids[counts.argmax()])
+        assert len(ids) <= vocab, (f, len(ids), vocab)
+        if vocab <= 700:
+            assert len(ids) == vocab, (f, len(ids), vocab)
+        if vocab >= 100_000:
+            assert counts.max() / counts.sum() == pytest.approx(1 / zeta, abs=0.015), f
+    assert len(set(hottest)) == criteo.NUM_SPARSE            # ids are per feature
     assert len(np.unique(sparse[:, 2])) > 5_000                # a huge, long-tailed vocabulary
     assert auc(label, prob) > 0.75                           # the hidden model explains labels
     # learnable from the data alone: per-id click rates of one hot feature, fitted on

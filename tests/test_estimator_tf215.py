@@ -16,7 +16,8 @@ from antdt_tf.sharding.client import ShardingClient  # noqa: E402
 from antdt_tf.master.server import BackgroundMaster  # noqa: E402
 from antdt_tf.sharding.service import ShardingServicer
 from antdt_tf.sharding.state import ShardState  # noqa: E402
-from jobs import Tf1Job, train_progress, wait_until, write_data  # noqa: E402
+from jobs import Tf1Job, train_progress, write_data  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow
 EVAL, BATCH = 2_000, 256
@@ -35,8 +36,8 @@ def test_estimator_workers_at_different_speeds_apply_every_record_once(tmp_path)
     with BackgroundMaster(ShardingServicer(ShardState())) as master, \
             ShardingClient(master.address) as admin, \
             estimator_job(tmp_path, master, data, ["--audit", f"--eval_data={held_out}"]) as job:
-        wait_until(lambda: (p := train_progress(admin)) is not None
-                   and len([t for t in p.tasks if t.records_done]) == 2, 180, "both training")
+        wait_for(lambda: (p := train_progress(admin)) is not None
+                 and len([t for t in p.tasks if t.records_done]) == 2, 180, "both training")
         start = {t.task.index: t.records_done for t in admin.progress("train").tasks}
         with CpuThrottle(job.procs["worker", 1].pid, factor=4):
             report = job.wait_workers(240)
@@ -57,9 +58,9 @@ def test_estimator_worker_sigkill_mid_shard_loses_nothing(tmp_path):
     with BackgroundMaster(ShardingServicer(ShardState())) as master, \
             ShardingClient(master.address) as admin, \
             estimator_job(tmp_path, master, data, ["--audit"]) as job:
-        wait_until(lambda: (p := train_progress(admin)) is not None and p.datasets[0].done_shards >= 12
-                   and any(t.task.index == 1 and t.records_done for t in p.tasks), 180,
-                   "12 shards, worker 1 training")
+        wait_for(lambda: (p := train_progress(admin)) is not None and p.datasets[0].done_shards >= 12
+                 and any(t.task.index == 1 and t.records_done for t in p.tasks), 180,
+                 "12 shards, worker 1 training")
         job.kill("worker", 1)
         job.start_worker(1)
         report = job.wait_workers(240)
@@ -74,9 +75,9 @@ def test_estimator_chief_restart_restores_model_and_sharding_state(tmp_path):
             ShardingClient(master.address) as admin, \
             estimator_job(tmp_path, master, data, ["--audit", "--save_secs=1"]) as job:
         ckpt = tmp_path / "job" / "ckpt"
-        wait_until(lambda: (p := train_progress(admin)) is not None and p.datasets[0].done_shards >= 12
-                   and len(list(ckpt.glob("model.ckpt-*.index"))) >= 2, 180,
-                   "12 shards and two checkpoints")
+        wait_for(lambda: (p := train_progress(admin)) is not None and p.datasets[0].done_shards >= 12
+                 and len(list(ckpt.glob("model.ckpt-*.index"))) >= 2, 180,
+                 "12 shards and two checkpoints")
         job.kill("worker", 0)
         job.start_worker(0)
         report = job.wait_workers(240)

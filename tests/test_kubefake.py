@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-import jobs
+from waiting import wait_for
 import kubefake
 from kubefake.store import matches_labels
 
@@ -52,10 +52,6 @@ def _raw(fake, method: str, path: str, body=None, token: str = ""):
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
-
-
-def _wait(cond, what: str, timeout: float = 30):
-    return jobs.wait_until(cond, timeout, what)
 
 
 def _phase(v1, name):
@@ -101,15 +97,16 @@ def test_graceful_delete_sends_sigterm_and_sigkill_after_the_grace(fake):
     stubborn = ("import signal, time; signal.signal(signal.SIGTERM, lambda *a: print('term', "
                 "flush=True)); time.sleep(60)")
     v1.create_namespaced_pod(NS, _pod("stubborn", stubborn))
-    _wait(lambda: fake.container_pid(NS, "stubborn"), "the container to run")
+    wait_for(lambda: fake.container_pid(NS, "stubborn"), 30, "the container to run")
     t0 = time.monotonic()
     v1.delete_namespaced_pod("stubborn", NS, grace_period_seconds=1)
     assert v1.read_namespaced_pod("stubborn", NS).metadata.deletion_timestamp is not None
-    _wait(lambda: not [p for p in fake.objects("pods") if p["metadata"]["name"] == "stubborn"],
-          "the pod to go after its grace period")
+    wait_for(lambda: not [p for p in fake.objects("pods")
+                          if p["metadata"]["name"] == "stubborn"],
+             30, "the pod to go after its grace period")
     assert time.monotonic() - t0 >= 1.0          # it ignored SIGTERM: killed after the grace
     v1.create_namespaced_pod(NS, _pod("quick", "import time; time.sleep(60)"))
-    _wait(lambda: fake.container_pid(NS, "quick"), "the container to run")
+    wait_for(lambda: fake.container_pid(NS, "quick"), 30, "the container to run")
     v1.delete_namespaced_pod("quick", NS, grace_period_seconds=0)    # force: gone at once
     assert not [p for p in fake.objects("pods") if p["metadata"]["name"] == "quick"]
 
@@ -121,11 +118,11 @@ def test_exits_signals_and_the_oom_killer_as_a_container_runtime_reports_them(fa
                                       "import time; time.sleep(30)",
                                       container={"resources": {"limits": {"memory": "100Mi"}}}))
     v1.create_namespaced_pod(NS, _pod("victim", "import time; time.sleep(60)"))
-    _wait(lambda: fake.container_pid(NS, "victim"), "the victim to run")
+    wait_for(lambda: fake.container_pid(NS, "victim"), 30, "the victim to run")
     fake.kill_container(NS, "victim", 9)
     for name, code, reason in (("exit3", 3, "Error"), ("hog", 137, "OOMKilled"),
                                ("victim", 137, "Error")):
-        _wait(lambda n=name: _phase(v1, n) == "Failed", f"{name} to fail")
+        wait_for(lambda n=name: _phase(v1, n) == "Failed", 30, f"{name} to fail")
         term = v1.read_namespaced_pod(name, NS).status.container_statuses[0].state.terminated
         assert (term.exit_code, term.reason) == (code, reason), name
     assert v1.read_namespaced_pod("victim", NS).status.container_statuses[0].state \
@@ -142,10 +139,10 @@ def test_scheduling_honours_node_affinity_and_says_when_it_cannot(fake):
     v1.create_namespaced_pod(NS, _pod("elsewhere", "import time; time.sleep(30)",
                                       affinity=affinity("NotIn", ["a"])))
     v1.create_namespaced_pod(NS, _pod("nowhere", "pass", affinity=affinity("In", ["zz"])))
-    _wait(lambda: _phase(v1, "elsewhere") == "Running", "the pod to run")
+    wait_for(lambda: _phase(v1, "elsewhere") == "Running", 30, "the pod to run")
     assert v1.read_namespaced_pod("elsewhere", NS).spec.node_name == "b"
-    conds = _wait(lambda: v1.read_namespaced_pod("nowhere", NS).status.conditions,
-                  "the scheduler's verdict")
+    conds = wait_for(lambda: v1.read_namespaced_pod("nowhere", NS).status.conditions,
+                     30, "the scheduler's verdict")
     assert [(c.type, c.status, c.reason) for c in conds] == [
         ("PodScheduled", "False", "Unschedulable")]
     assert _phase(v1, "nowhere") == "Pending"
@@ -170,13 +167,13 @@ def test_owner_references_are_collected_and_dns_names_the_ready_pod(fake):
         "metadata": {"name": "server", "ownerReferences": ref},
         "spec": {"clusterIP": "None", "selector": {"name": "server"},
                  "ports": [{"port": 8080}]}})
-    ip = _wait(lambda: fake.resolve(f"server.{NS}.svc.cluster.local"), "a DNS name")
+    ip = wait_for(lambda: fake.resolve(f"server.{NS}.svc.cluster.local"), 30, "a DNS name")
     assert ip == v1.read_namespaced_pod("server", NS).status.pod_ip and ip.startswith("127.64.")
     with socket.create_connection((ip, 8080), timeout=10) as c:
-        assert _wait(lambda: c.recv(2), "the answer") == b"hi"
+        assert wait_for(lambda: c.recv(2), 30, "the answer") == b"hi"
     v1.delete_namespaced_config_map("owner", NS)
-    _wait(lambda: not fake.objects("pods") and not fake.objects("services"),
-          "the owned pod and service to be collected")
+    wait_for(lambda: not fake.objects("pods") and not fake.objects("services"),
+             30, "the owned pod and service to be collected")
 
 
 def test_pod_dns_is_the_pods_own_etc_hosts():
@@ -191,7 +188,7 @@ def test_pod_dns_is_the_pods_own_etc_hosts():
                                           "spec": {"clusterIP": "None",
                                                    "selector": {"name": "target"},
                                                    "ports": [{"port": 1}]}})
-        ip = _wait(lambda: fake.resolve("target"), "the service's address")
+        ip = wait_for(lambda: fake.resolve("target"), 30, "the service's address")
         v1.create_namespaced_pod(NS, _pod("looker", (
             "import socket, time\n"
             "for _ in range(200):\n"
@@ -200,6 +197,6 @@ def test_pod_dns_is_the_pods_own_etc_hosts():
             "        break\n"
             "    except OSError:\n"
             "        time.sleep(0.05)\n")))
-        _wait(lambda: _phase(v1, "looker") in ("Succeeded", "Failed"), "the lookup")
+        wait_for(lambda: _phase(v1, "looker") in ("Succeeded", "Failed"), 30, "the lookup")
         log = open(f"{fake.workdir}/{NS}.looker.log").read()
         assert log.split() == [ip], log

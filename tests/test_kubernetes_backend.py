@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-import jobs
+from waiting import wait_for
 
 from antdt_tf.proto import cluster_pb2 as cpb
 
@@ -48,10 +48,6 @@ def probe(b, name: TaskName, **fields) -> TaskSpec:
     return TaskSpec(name, cpb.PROBE_TASK, cpb.ProbeTaskArgs(endpoint=endpoint,
                                                             name=str(name), **fields),
                     endpoint=endpoint)
-
-
-def wait_for(cond, what: str, timeout: float = 30.0):
-    return jobs.wait_until(cond, timeout, what)
 
 
 def state(b, name):
@@ -93,22 +89,22 @@ def test_the_watch_resumes_after_a_drop_and_relists_after_410(cluster, backend):
     name = TaskName("worker", 0)
     backend.launch(probe(backend, name), "n0")
     wait_for(lambda: state(backend, name) is TaskState.RUNNING
-             and cluster.container_pid(NS, backend.pod_name(name)), "the pod to run")
+             and cluster.container_pid(NS, backend.pod_name(name)), 30, "the pod to run")
     resumes = backend.pods.resumes
     cluster.drop_watches()
-    wait_for(lambda: backend.pods.resumes > resumes, "the watch to resume")
+    wait_for(lambda: backend.pods.resumes > resumes, 30, "the watch to resume")
     crash = TaskName("worker", 1)
     backend.launch(probe(backend, crash, exit_after_seconds=0, exit_code=4), "n1")
     info = wait_for(lambda: (i := backend.launch_info(crash)) and not i.running and i,
-                    "the crash to be seen through the resumed watch")
+                    30, "the crash to be seen through the resumed watch")
     assert (info.failure.kind, info.failure.exit_code) == (FailureKind.EXITED, 4)
     relists = backend.pods.relists
     cluster.compact()
     cluster.drop_watches()        # the resumed watch's version is gone: 410, relist
-    wait_for(lambda: backend.pods.relists > relists, "a relist after 410 Gone")
+    wait_for(lambda: backend.pods.relists > relists, 30, "a relist after 410 Gone")
     cluster.kill_container(NS, backend.pod_name(name), 9)
     info = wait_for(lambda: (i := backend.launch_info(name)) and not i.running and i,
-                    "the kill to be seen after the relist")
+                    30, "the kill to be seen after the relist")
     assert (info.failure.kind, info.failure.exit_code) == (FailureKind.KILLED, -9)
 
 
@@ -117,14 +113,14 @@ def test_evictions_and_foreign_deletes_are_failures(cluster, backend):
     for n, host in ((memory, "n0"), (other, "n1"), (deleted, "n0")):
         backend.launch(probe(backend, n), host)
     for n in (memory, other, deleted):
-        wait_for(lambda n=n: cluster.container_pid(NS, backend.pod_name(n)), f"{n} to run")
+        wait_for(lambda n=n: cluster.container_pid(NS, backend.pod_name(n)), 30, f"{n} to run")
     cluster.evict(NS, backend.pod_name(memory), "The node was low on resource: memory.")
     cluster.evict(NS, backend.pod_name(other), "The node had condition: [DiskPressure].")
     backend.core.delete_namespaced_pod(backend.pod_name(deleted), NS, grace_period_seconds=0)
     kinds = {}
     for n in (memory, other, deleted):
         info = wait_for(lambda n=n: (i := backend.launch_info(n)) and not i.running and i,
-                        f"{n} to end")
+                        30, f"{n} to end")
         assert info.state is TaskState.FAILED, info
         kinds[n] = info.failure.kind
     assert kinds == {memory: FailureKind.OUT_OF_MEMORY, other: FailureKind.KILLED,
@@ -134,10 +130,10 @@ def test_evictions_and_foreign_deletes_are_failures(cluster, backend):
 def test_generations_stay_fenced_after_a_restart_when_the_pods_are_gone(cluster, backend):
     g2 = TaskName("worker", 0, 2)
     backend.launch(probe(backend, g2), "n0")
-    wait_for(lambda: state(backend, g2) is TaskState.RUNNING, "g2 to run")
+    wait_for(lambda: state(backend, g2) is TaskState.RUNNING, 30, "g2 to run")
     assert backend.stop(g2, grace_seconds=2).state is TaskState.STOPPED
     wait_for(lambda: not [p for p in backend.pods.all()
-                          if p["metadata"]["name"] == backend.pod_name(g2)], "g2's pod to go")
+                          if p["metadata"]["name"] == backend.pod_name(g2)], 30, "g2's pod to go")
     fresh = _backend(cluster)             # a restarted master: no pod of the task is left
     try:
         with pytest.raises(StaleGeneration):
@@ -155,11 +151,11 @@ def test_deleting_the_job_configmap_deletes_its_pods_and_services(cluster, backe
     for n in names:
         backend.launch(probe(backend, n), "n1")
     for n in names:
-        wait_for(lambda n=n: state(backend, n) is TaskState.RUNNING, f"{n} to run")
+        wait_for(lambda n=n: state(backend, n) is TaskState.RUNNING, 30, f"{n} to run")
     assert len(backend.core.list_namespaced_service(NS).items) == 2
     backend.release_all()
-    wait_for(lambda: not backend.core.list_namespaced_pod(NS).items, "the pods to go")
-    wait_for(lambda: not backend.core.list_namespaced_service(NS).items, "the services to go")
+    wait_for(lambda: not backend.core.list_namespaced_pod(NS).items, 30, "the pods to go")
+    wait_for(lambda: not backend.core.list_namespaced_service(NS).items, 30, "the services to go")
     for n in names:
         assert state(backend, n) is TaskState.STOPPED
 
@@ -168,7 +164,7 @@ def test_a_cordoned_node_is_no_host_and_a_launch_there_is_refused(cluster, backe
     from antdt_tf.errors import Unschedulable
 
     backend.core.patch_node("n1", {"spec": {"unschedulable": True}})     # kubectl cordon
-    wait_for(lambda: [h.name for h in backend.hosts()] == ["n0"], "n1 to leave the hosts")
+    wait_for(lambda: [h.name for h in backend.hosts()] == ["n0"], 30, "n1 to leave the hosts")
     with pytest.raises(Unschedulable, match="not a Ready node"):
         backend.launch(probe(backend, TaskName("worker", 0)), "n1")
     assert backend.place() == "n0"

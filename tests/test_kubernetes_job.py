@@ -22,6 +22,7 @@ import sys
 import pytest
 
 import jobs
+from waiting import wait_for
 import procs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -77,7 +78,7 @@ def run_job(tmp_path, fault, records: int = 120_000, policy: str = "dynamic",
             assert proc.returncode == 0, out[-6000:] + master.output()[-4000:]
             report = json.loads((tmp_path / "report.json").read_text())
             # the job's end deleted its ConfigMap, and the garbage collector its pods
-            jobs.wait_until(lambda: not fake.objects("pods"), 60, "the job's pods to go")
+            wait_for(lambda: not fake.objects("pods"), 60, "the job's pods to go")
         finally:
             master.stop()
     return report, out

@@ -191,15 +191,18 @@ def test_bad_config_is_refused(bad):
 def test_the_master_judges_workers_from_their_step_reports():
     """Real master, real gRPC, TF's own RPC ops as the workers' pipelines call them: three
     workers report trained batches; one reports 4x less often. GetClusterStatus names it
-    with its class and speed."""
-    import time
+    with its class and speed.
 
+    The master times a report by its arrival on its clock; here that clock is the
+    test's: it moves 20 ms between rounds of reports, so the master sees exactly the
+    rhythm the test sends however long the calls take on a loaded machine (the windows'
+    arithmetic is the synthetic-clock tests' above; this one is the wiring, from TF's
+    ops through the master's Monitor to GetClusterStatus)."""
     import tensorflow as tf
 
     from antdt_tf.monitor.client import MonitorClient
     from antdt_tf.monitor.service import ClusterMonitorServicer
-    from antdt_tf.monitor.view import ClusterView
-    from antdt_tf.proto import cluster_pb2 as cpb
+    from antdt_tf.monitor.view import ClusterView, straggler_class_name
     from antdt_tf.sharding.client import ShardingClient
     from antdt_tf.sharding.plan import DatasetSpec
     from antdt_tf.master.server import BackgroundMaster
@@ -207,8 +210,10 @@ def test_the_master_judges_workers_from_their_step_reports():
     from antdt_tf.sharding.state import ShardState
     from antdt_tf.tf import master_rpc
 
+    now = [1000.0]
+    tick_seconds = 0.02
     cfg = StragglerConfig(window_seconds=2, persistent_after_seconds=0.6, min_samples=3)
-    monitor_servicer = ClusterMonitorServicer(ClusterView(straggler=cfg))
+    monitor_servicer = ClusterMonitorServicer(ClusterView(clock=lambda: now[0], straggler=cfg))
     with BackgroundMaster(ShardingServicer(ShardState()), monitor=monitor_servicer) as master, \
             ShardingClient(master.address) as admin, MonitorClient(master.address) as monitor:
         admin.register_dataset(DatasetSpec("d", num_records=1_000_000, records_per_shard=10_000))
@@ -224,7 +229,7 @@ def test_the_master_judges_workers_from_their_step_reports():
             _, lease, shard, epoch, *_ = call(
                 "antdt.next", [name, i64(w), i64(inc), i64(1)], master_rpc.NEXT_TYPES)
             leases.append((inc, lease, shard, epoch))
-        applied = [0, 0, 0]
+        applied, seen = [0, 0, 0], []
         for tick in range(80):
             for w, (inc, lease, shard, epoch) in enumerate(leases):
                 if w != 2 or tick % 4 == 0:
@@ -233,11 +238,24 @@ def test_the_master_judges_workers_from_their_step_reports():
                         name, i64(w), i64(inc), i64([lease]), i64([shard]),
                         tf.constant([epoch], tf.int32), i64([applied[w]])], [tf.int64])
                     assert rejected == 0
-            time.sleep(0.02)
-        health = {(h.task.job, h.task.index): h for h in monitor.status().health}
+            # someone watching the job (the launcher's Controller asks every round)
+            health = {(h.task.job, h.task.index): h for h in monitor.status().health}
+            slow_class = straggler_class_name(health["worker", 2].straggler_class)
+            if not seen or seen[-1][1] != slow_class:
+                seen.append((round(now[0] - 1000.0, 2), slow_class))
+            now[0] += tick_seconds
     slow = health["worker", 2]
-    assert slow.straggler_class in (cpb.TaskHealth.PERSISTENT, cpb.TaskHealth.DETERMINISTIC)
-    assert slow.slowness > 2.5
+    # not judged until it has min_samples steps in its window (4 reports: 12 rounds),
+    # slow from then on, deterministic once that lasted persistent_after_seconds
+    assert [c for _, c in seen] == ["unknown", "transient", "deterministic"], seen
+    (_, _), (slow_at, _), (class_at, _) = seen
+    assert slow_at == pytest.approx(12 * tick_seconds)
+    # (the clock's float steps may land a hair short of 0.6 s: then the next round)
+    assert -1e-9 < class_at - (slow_at + cfg.persistent_after_seconds) < 2 * tick_seconds, seen
+    assert slow.straggler_class == cpb.TaskHealth.DETERMINISTIC
+    assert slow.slowness == pytest.approx(4.0)
     assert health["worker", 0].straggler_class == cpb.TaskHealth.NORMAL
-    assert health["worker", 0].records_per_second > 2 * slow.records_per_second
-    assert slow.step_seconds > 2 * health["worker", 0].step_seconds
+    assert health["worker", 0].records_per_second == pytest.approx(100 / tick_seconds)
+    assert slow.records_per_second == pytest.approx(100 / (4 * tick_seconds))
+    assert slow.step_seconds == pytest.approx(4 * tick_seconds)
+    assert health["worker", 0].step_seconds == pytest.approx(tick_seconds)

@@ -8,7 +8,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -17,6 +16,7 @@ from antdt_tf.backends import private_network
 from antdt_tf.procutil import child_env
 from antdt_tf.tf.local_cluster import free_ports
 from procs import reachable
+from waiting import wait_for
 
 LAUNCH_BIN = str(pathlib.Path(sys.executable).parent / "antdt-launch")
 
@@ -26,13 +26,6 @@ def reachable_inside(network, address: str) -> bool:
     probe = (f"import socket; socket.create_connection(({host!r}, {port}), timeout=2)")
     return subprocess.run(network.command([sys.executable, "-c", probe]),
                           capture_output=True).returncode == 0
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("kind", ["netns", "userns"])
@@ -49,7 +42,7 @@ def test_a_tf_server_in_the_private_network_is_unreachable_from_outside(kind, tm
         try:
             # it serves (seen from inside the namespace) ...
             wait_for(lambda: reachable_inside(network, f"127.0.0.1:{ps}"), 120,
-                     "the TF server to listen")
+                     "the TF server to listen", interval=0.2)   # each look starts a process
             # ... on every interface of its namespace, and nothing outside reaches it
             assert not reachable(f"127.0.0.1:{ps}")
             listening = subprocess.run(["ss", "-Hltn", f"sport = :{ps}"], capture_output=True,
