@@ -15,10 +15,10 @@ def _per_worker(progress, field: str) -> list[int]:
 
 
 def health_dict(h) -> dict:
-    from antdt_tf.proto import cluster_pb2 as cpb
+    from antdt_tf.monitor.view import straggler_class_name
 
     out = {"task": f"{h.task.job}:{h.task.index}",
-           "class": cpb.TaskHealth.StragglerClass.Name(h.straggler_class).lower(),
+           "class": straggler_class_name(h.straggler_class),   # the Monitor's own name
            "slowness": round(h.slowness, 2), "samples": h.samples}
     if h.task.job == "worker":
         out.update(step_seconds=round(h.step_seconds, 4),
