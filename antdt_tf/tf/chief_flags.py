@@ -61,7 +61,8 @@ flags.DEFINE_bool("sparse_reports", True, "Steps record how far each lease got o
 flags.DEFINE_float("report_seconds", 1.0, "How often per-worker numbers and PS probes go to "
                    "the master's ClusterMonitor (for the launcher's progress line and the "
                    "controller).")
-flags.DEFINE_integer("worker_slots", _job("worker_slots", 0), "Worker slots the job may scale to (sizes the "
+flags.DEFINE_integer("worker_slots", _job("worker_slots", 0), "Worker slots the job may "
+                     "scale to (sizes the "
                      "per-worker variables: counters, lease record); 0 = the workers in "
                      "--cluster.")
 flags.DEFINE_integer("incarnation", -1, "This chief's incarnation for the master (-1: "
