@@ -109,7 +109,8 @@ def main(argv):
     hook = train_spec.hooks[0]
     report = {"task": f"{task['type']}:{task.get('index', 0)}", "worker": feed.worker,
               "train_seconds": round(time.monotonic() - t0, 3), "steps": hook.steps,
-              "records": hook.records, "refused_reports": hook.refused, "reports": hook.reports}
+              "records": hook.records, "refused_reports": hook.refused, "reports": hook.reports,
+              "first_step_unix": hook.first_step_unix, "last_step_unix": hook.last_step_unix}
     if not chief:
         print(json.dumps(report), flush=True)
         return
