@@ -69,6 +69,44 @@ def test_a_users_program_survives_a_worker_kill_locally(tmp_path, user_data, api
 
 
 
+
+def test_a_tf1_job_that_loses_a_ps_fails_at_once_saying_why(tmp_path, user_data):
+    """No TF1 PS recovery here: the job ends with the reason, not at its timeout."""
+    import time
+
+    import psutil
+
+    program = user_programs.write_program(tmp_path / "my-project", "mts")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "antdt_tf.launch", "--api=mts", f"--program={program}",
+         f"--data={user_data}/*.tfrecord", "--num_ps=1", "--num_workers=2", "--epochs=20",
+         "--records_per_shard=500", "--noprogress", f"--workdir={tmp_path / 'job'}",
+         "--timeout_seconds=600", "--", f"--batch_size={BATCH}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def the_ps():      # a process of this launcher's own tree (its agents' tasks)
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if "--job=ps" in child.cmdline():
+                        return child
+                except psutil.Error:
+                    pass
+            return None
+        from waiting import wait_for
+
+        ps = wait_for(the_ps, 240, "the job's PS process")
+        wait_for(lambda: (tmp_path / "job" / "checkpoints" / "checkpoint").exists(), 240,
+                 "the first checkpoint (training under way)")
+        ps.kill()
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out[-3000:]
+    assert "does not survive the loss of a PS" in out, out[-3000:]
+    assert time.monotonic() - t0 < 60
+
 def test_antdt_tfs_own_trainer_runs_as_a_program_like_any_other(tmp_path):
     """The built-in custom-loop chief, named as the job's program, takes the job from
     the contract (TF_CONFIG, ANTDT_*) and trains the generated .adtr data exactly once

@@ -6,7 +6,8 @@ lost), the leases of a dead worker go back, and each failure's recovery is timed
   closure; on a new address (its host lost) the chief restarts with the new cluster;
 - a PS that died is restarted; the chief, which cannot continue without it, exits 75 and
   is relaunched once every PS and worker runs again, restoring the last checkpoint;
-- a chief that died is relaunched (same restore).
+- a chief that died is relaunched (same restore);
+- a TF1 job's PS that died fails the job at once (no TF1 PS recovery here).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ class Recovery:
             # wait until every PS and worker runs again, then relaunch (it restores)
             if any(not s.running for k, s in statuses.items() if k[0] in ("ps", "worker")):
                 return
+        if job == "ps" and self.cfg.tf1:
+            # TF1 between-graph here has no PS recovery: its trainers would wait on the
+            # lost PS (or its old address) until the job's timeout. Say so at once.
+            raise RuntimeError(f"{name} {how}: a TF1 job (--api={self.cfg.api}) does not "
+                               "survive the loss of a PS (docs/program.md); the job stops "
+                               f"here. Log: {status.log_path}")
         n = self.restarts.get(key, 0) + 1
         if n > self.cfg.max_restarts:
             raise RuntimeError(f"{name} failed {n} times ({how}); giving up. Log: "
