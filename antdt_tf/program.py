@@ -137,6 +137,12 @@ def _text(value) -> str:
     return str(value)
 
 
+def _cluster_unavailable(e: BaseException) -> bool:
+    """TensorFlow's word for a lost PS or worker (imported only if the program did)."""
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(e, tf.errors.UnavailableError)
+
+
 def run(main: Callable[[], Optional[int]]) -> None:
     """Runs ``main()`` and exits with the contract's codes: its return value (None: 0),
     :data:`RESTART_ME` when TensorFlow says a cluster task is unavailable (a PS or the
@@ -144,10 +150,10 @@ def run(main: Callable[[], Optional[int]]) -> None:
     try:
         code = main()
     except Exception as e:  # noqa: BLE001 (the program's top level: the exit code says)
-        if type(e).__name__ in ("UnavailableError", "AbortedError", "CancelledError") \
-                or getattr(e, "restart_me", False):
+        if _cluster_unavailable(e):
             print(f"[antdt program] a cluster task is unavailable, restart me: {e}",
                   file=sys.stderr, flush=True)
+            sys.stderr.flush()
             os._exit(RESTART_ME)
         raise
     sys.stdout.flush()

@@ -1,5 +1,7 @@
 """The one translation of a typed start request into a command line (agent.programs):
-every backend builds a task's command here, so a backend never edits an argv."""
+every backend builds a task's command here, so a backend never edits an argv; a job's
+own program runs only from where the agent's operator allowed; and the program's side
+of the contract (antdt_tf.program) reads what the agent wrote."""
 
 import pytest
 
@@ -145,3 +147,39 @@ def test_a_role_the_api_has_not_is_refused(project):
     root, _, paths = project
     with pytest.raises(InvalidRequest, match="role must be one of .* for api=keras"):
         command_for(user_request(str(root / "train.py"), role="ps"), paths)
+
+
+# ---- the program's side of the contract (antdt_tf.program)
+
+def test_a_program_reads_what_the_agent_wrote():
+    from antdt_tf import program
+
+    ctx = program.Context(master="m:1", dataset="train", checkpoint_dir="/c",
+                          checkpoint_every_seconds=2.5, report_json="/r.json", api="mts",
+                          role="worker", index=0, generation=4, worker_slots=3, audit=True,
+                          tf_config={"cluster": {"ps": ["p:1"], "worker": ["w:1"]},
+                                     "task": {"type": "worker", "index": 0}})
+    assert program.context(program.environment(ctx)) == ctx
+    assert ctx.is_chief and ctx.cluster == {"ps": ["p:1"], "worker": ["w:1"]}
+    with pytest.raises(program.NotAJobTask, match="antdt-launch --program"):
+        program.context({})
+
+
+@pytest.mark.parametrize("body,code", [
+    ("return 3", 3), ("return None", 0),
+    ("import tensorflow as tf\n    raise tf.errors.UnavailableError(None, None, 'ps:0 gone')",
+     75),
+    ("raise ValueError('mine')", 1),
+])
+def test_run_gives_main_the_contracts_exit_codes(tmp_path, body, code):
+    import subprocess
+    import sys
+
+    script = tmp_path / "p.py"
+    script.write_text(f"from antdt_tf import program\ndef main():\n    {body}\n"
+                      "program.run(main)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == code, out.stderr[-2000:]
+    if code == 75:
+        assert "restart me" in out.stderr
