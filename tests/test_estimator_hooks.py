@@ -193,7 +193,15 @@ def test_antdt_launch_mts_relaunches_a_straggler_and_a_killed_worker(tmp_path):
                              "--straggler_persistent_after_seconds=2",
                              "--relaunch_cost_seconds=1", "--min_gain_seconds=0.5",
                              "--inject=kill:worker:1@1s", "--inject=slow:worker:2:x4@0s")
-    assert report["restarts"] == {"worker:1": 1} and report["policy"] == "antdt-nd"
+    assert report["policy"] == "antdt-nd"
+    restarts = dict(report["restarts"])
+    assert restarts.pop("worker:1", 0) == 1, report["restarts"]       # the kill
+    # under load TensorFlow itself may fail a step of the moved worker (seen in CI: "The
+    # same RunGraph request was received twice"): it exits and is restarted like any
+    # worker, and the audit's bound counts it; nothing else restarts
+    assert set(restarts) <= {"worker:2"}, report["restarts"]
+    assert all(ev["failure"].startswith("exit") for ev in report["failures"]
+               if ev.get("task") == "worker:2"), report["failures"]
     moved = [a for a in report["actions"] if a["action"] == "RelaunchWorker"]
     assert [(a["job"], a["index"]) for a in moved] == [("worker", 2)], report["actions"]
     # switched over: the standby on the other host took the address and the old process
