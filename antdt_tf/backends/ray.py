@@ -133,7 +133,7 @@ class TaskActor:
     """One TF task of a job, inside a detached Ray actor on its node."""
 
     def __init__(self, job_env: dict, log_dir: str, job_roots: tuple, read_roots: tuple,
-                 estimator_python: str = ""):
+                 estimator_python: str = "", program_roots: tuple = ()):
         from antdt_tf.agent.programs import PathPolicy
         from antdt_tf.agent.supervisor import TaskSupervisor
 
@@ -144,7 +144,8 @@ class TaskActor:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.supervisor = TaskSupervisor(
             log_dir, estimator_python=estimator_python,
-            paths=PathPolicy(tuple(job_roots) or (log_dir,), tuple(read_roots)))
+            paths=PathPolicy(tuple(job_roots) or (log_dir,), tuple(read_roots),
+                             tuple(program_roots)))
         # children are forked from this one long-lived thread: their parent-death signal
         # follows the thread that forked them
         self._spawner = concurrent.futures.ThreadPoolExecutor(1, "antdt-spawn")
@@ -201,11 +202,13 @@ class RayBackend(ClusterBackend):
     def __init__(self, namespace: str, address: str = "auto", log_dir: str = "",
                  job_roots: tuple = (), read_roots: tuple = (), estimator_python: str = "",
                  task_ports: tuple = DEFAULT_TASK_PORTS, call_timeout: float = 60.0,
-                 status_timeout: float = 2.0, job_env: Optional[dict] = None):
+                 status_timeout: float = 2.0, job_env: Optional[dict] = None,
+                 program_roots: tuple = ()):
         """``namespace``: the job's Ray namespace (its actors' names live there; a new
         backend on the same namespace adopts them); ``log_dir``: where each host's task
         logs go (``log_dir/<host>/<job><index>.log``); ``job_roots``/``read_roots``: where
-        tasks may write / read (the agent's path rules); ``job_env``: the job's token and
+        tasks may write / read (the agent's path rules); ``program_roots``: where the
+        job's own program may run from (a path every node sees); ``job_env``: the job's token and
         TLS files for the task processes (default: this process's, :data:`JOB_ENV`)."""
         if not namespace:
             raise ValueError("RayBackend needs the job's namespace")
@@ -222,6 +225,7 @@ class RayBackend(ClusterBackend):
         self.job_roots = tuple(str(r) for r in job_roots) or (self.log_dir,)
         self.read_roots = tuple(str(r) for r in read_roots)
         self.estimator_python = estimator_python
+        self.program_roots = tuple(str(r) for r in program_roots)
         self.task_ports = (first, last)
         self.call_timeout, self.status_timeout = call_timeout, status_timeout
         self.job_env = dict(job_env) if job_env is not None else {
@@ -396,7 +400,7 @@ class RayBackend(ClusterBackend):
             get_if_exists=True, num_cpus=0, max_restarts=0, max_task_retries=0,
             max_concurrency=8, scheduling_strategy=pinned(node.node_id),
         ).remote(self.job_env, os.path.join(self.log_dir, host), self.job_roots,
-                 self.read_roots, self.estimator_python)
+                 self.read_roots, self.estimator_python, self.program_roots)
         request = start_request(spec.name.job, spec.name.index, spec.program, spec.args,
                                 spec.name.generation, spec.endpoint, spec.memory_limit_bytes)
         try:

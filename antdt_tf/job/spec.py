@@ -266,9 +266,9 @@ def _check_combinations(spec) -> None:
         page = {"kubernetes": "kubernetes", "ray": "ray"}[spec.backend]
         raise InvalidRequest(f"JobSpec.backend={spec.backend} runs JobSpec.api=custom_loop "
                              f"jobs for now (docs/{page}.md)")
-    if spec.backend in ("kubernetes", "ray") and spec.program:
-        raise InvalidRequest(f"JobSpec.backend={spec.backend}: a job's own program runs on "
-                             "local and agents for now (docs/program.md)")
+    if spec.backend == "kubernetes" and spec.program:
+        raise InvalidRequest("JobSpec.backend=kubernetes: a job's own program runs on "
+                             "local, agents and ray for now (docs/program.md)")
     if scaling and spec.backend in ("agents", "kubernetes"):
         page = {"agents": "backends", "kubernetes": "kubernetes"}[spec.backend]
         raise InvalidRequest(f"JobSpec.backend={spec.backend} runs jobs without "

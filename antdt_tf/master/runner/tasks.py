@@ -73,6 +73,7 @@ class TaskLaunching:
             log_dir=str(cfg.workdir / "ray"),
             job_roots=tuple(str(r) for r in (cfg.workdir, cfg.checkpoint_dir) if r),
             read_roots=tuple(sorted(data)), estimator_python=cfg.estimator_python,
+            program_roots=(cfg.program_root,) if cfg.program_root else (),
             task_ports=(task_port_range(cfg.task_ports) if cfg.task_ports
                         else DEFAULT_TASK_PORTS))
 
