@@ -140,6 +140,11 @@ def big_user_data(tmp_path_factory):
     return d
 
 
+# the agents' TF 2.15 interpreter for tf.estimator tasks (make venv-tf215)
+TF215 = user_programs.ROOT / ".venv-tf215" / "bin" / "python"
+ESTIMATOR_PYTHON = (f"--estimator_python={TF215}",) if TF215.exists() else ()
+
+
 @pytest.fixture
 def hosts(tmp_path, monkeypatch, big_user_data):
     import netns
@@ -154,7 +159,8 @@ def hosts(tmp_path, monkeypatch, big_user_data):
         master = netns.start_antdt_cluster(
             net, tmp_path, "--straggler_window_seconds=3",
             "--straggler_persistent_after_seconds=2",
-            agent_flags=(f"--program_roots={project}", f"--read_roots={big_user_data}"))
+            agent_flags=(f"--program_roots={project}", f"--read_roots={big_user_data}",
+                         *ESTIMATOR_PYTHON))
         yield net, master
 
 
@@ -179,7 +185,7 @@ def finish(proc, tmp_path):
 # (api, PS, the host lost, the tasks it runs): TF1 between-graph has no PS recovery (a
 # PS loss ends a TF1 job: docs/program.md), so its lost host runs a worker only
 HOST_LOSS = {"keras": (2, 0, ("chief:0", "ps:0", "worker:1")),
-             "mts": (1, 2, ("worker:1",))}
+             "mts": (1, 2, ("worker:1",)), "estimator": (1, 2, ("worker:1",))}
 
 
 @pytest.mark.parametrize("api", sorted(HOST_LOSS))
@@ -191,6 +197,8 @@ def test_a_users_program_survives_losing_a_host(hosts, tmp_path, big_user_data, 
     from jobs import wait_for_records
 
     net, master = hosts
+    if api == "estimator" and not ESTIMATOR_PYTHON:
+        pytest.skip("tf.estimator needs TF 2.15's venv: make venv-tf215")
     num_ps, host, lost = HOST_LOSS[api]
     proc = launch_on_agents(tmp_path, master, big_user_data, api, f"--num_ps={num_ps}",
                             "--num_workers=2", "--policy=dynamic")
