@@ -4,14 +4,7 @@ read, not written)."""
 
 from __future__ import annotations
 
-
-def _per_worker(progress, field: str) -> list[int]:
-    """What the master counted per worker (a job's own program writes no summary)."""
-    if progress is None:
-        return []
-    workers = sorted((t for t in progress.tasks if t.task.type == "worker"),
-                     key=lambda t: t.task.index)
-    return [int(getattr(t, field)) for t in workers]
+from antdt_tf.sharding.client import worker_split
 
 
 def health_dict(h) -> dict:
@@ -42,6 +35,8 @@ def build_report(job, *, progress, coordinator: dict, cpu_seconds: dict, now: fl
         jct = final.finished_unix - final.started_unix
         started_unix = final.started_unix
     total = job.num_records * cfg.epochs
+    # what the master counted per worker (a job's own program may write no summary)
+    shards, records = worker_split(progress) if progress is not None else ([], [])
     report = {
         "jct_seconds": round(jct, 3),   # first shard issued -> every record applied
         "startup_seconds": round(job.startup_seconds, 2),
@@ -53,9 +48,8 @@ def build_report(job, *, progress, coordinator: dict, cpu_seconds: dict, now: fl
         "hosts": {f"{j}:{i}": job.host_names[h] for (j, i), h in sorted(job.placement.items())},
         "epochs": cfg.epochs, "batch_size": cfg.batch_size,
         "records_per_shard": cfg.records_per_shard,
-        "shards_per_worker": coord.get("shards_per_worker") or _per_worker(progress, "shards_done"),
-        "records_per_worker": coord.get("records_per_worker")
-        or _per_worker(progress, "records_done"),
+        "shards_per_worker": coord.get("shards_per_worker") or shards,
+        "records_per_worker": coord.get("records_per_worker") or records,
         "auc": coord.get("auc"), "logloss": coord.get("logloss"),
         "injections": [str(j) for j in cfg.injections],
         "failures": [ev for ev in job.events if "failure" in ev],
