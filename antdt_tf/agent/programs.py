@@ -276,12 +276,13 @@ def _probe(args: cpb.ProbeTaskArgs, paths: PathPolicy, bind_host: str = "") -> C
 BUILTIN_PROGRAMS = ("antdt_tf.tf.coordinator", "antdt_tf.tf.keras_trainer",
                     "estimator_examples.train_mts", "estimator_examples.train_estimator",
                     "keras_examples.ranker")
-_MODULE = re.compile(r"[A-Za-z_]\w{0,63}(?:\.[A-Za-z_]\w{0,63}){0,15}(?::[A-Za-z_]\w{0,63})?\Z")
+PROGRAM_MODULE = re.compile(
+    r"[A-Za-z_]\w{0,63}(?:\.[A-Za-z_]\w{0,63}){0,15}(?::[A-Za-z_]\w{0,63})?\Z")
 _ROLES = {"custom_loop": ("chief",), "keras": ("chief",), "mts": ("worker",),
           "estimator": ("worker", "ps")}
 
 
-def _module_file(code_dir: str, module: str) -> str:
+def module_file(code_dir: str, module: str) -> str:
     """Where ``module`` lives under ``code_dir``: its ``.py`` file, or its package's
     ``__main__.py`` / ``__init__.py``."""
     base = os.path.join(code_dir, *module.split("."))
@@ -303,7 +304,7 @@ def _program_spec(args: cpb.UserProgramArgs, paths: PathPolicy) -> tuple[str, tu
         if not os.path.isfile(path):
             raise InvalidRequest(f"user_program.program {_show(program)} is not a file")
         return path, ()
-    if not _MODULE.match(program):
+    if not PROGRAM_MODULE.match(program):
         raise InvalidRequest(f"user_program.program must be /abs/path/file.py or "
                              f"pkg.module[:function], got {_show(program)}")
     module = program.partition(":")[0]
@@ -314,7 +315,7 @@ def _program_spec(args: cpb.UserProgramArgs, paths: PathPolicy) -> tuple[str, tu
                                  f"antdt-tf's own: {', '.join(BUILTIN_PROGRAMS)}")
         return program, ()
     code_dir = paths.program("user_program.code_dir", args.code_dir)
-    found = _module_file(code_dir, module)
+    found = module_file(code_dir, module)
     if not found:
         raise InvalidRequest(f"user_program.program: module {_show(module)} is not in "
                              f"code_dir {_show(code_dir)}")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import math
 import pathlib
-import re
 
 from antdt_tf import limits
 from antdt_tf.agent.inject import Injection
+from antdt_tf.agent.programs import PROGRAM_MODULE
 from antdt_tf.controller.policy import CostModel
 from antdt_tf.errors import InvalidRequest, shown
 from antdt_tf.monitor.straggler import StragglerConfig
@@ -132,13 +132,30 @@ class Job:
         return [(f.path, f.num_records) for f in self.spec.data_files]
 
     @property
-    def program_root(self) -> str:
+    def program_roots(self) -> tuple[str, ...]:
         """Where the job's own code lies (a program file's directory, a module's
-        code_dir; empty for antdt-tf's own trainers): a local job's agents run programs
-        from there only."""
+        code_dir; none for antdt-tf's own trainers): the agents a job starts itself (local,
+        Ray) run programs from there only."""
         if self.spec.program.endswith(".py"):
-            return str(pathlib.PurePosixPath(self.spec.program).parent)
-        return self.spec.code_dir
+            return (str(pathlib.PurePosixPath(self.spec.program).parent),)
+        return (self.spec.code_dir,) if self.spec.code_dir else ()
+
+    @property
+    def read_roots(self) -> tuple[str, ...]:
+        """The directories of the job's data (training, held out, every data file): what
+        the agents a job starts itself let its tasks read."""
+        return tuple(sorted({str(pathlib.Path(p).resolve().parent) for p in
+                             (self.spec.data, self.spec.eval_data,
+                              *(f.path for f in self.spec.data_files)) if p}))
+
+    def count_records(self) -> int:
+        """Records per epoch: the data files' counts (the submitter counted them), else
+        the .adtr file's header (DataError/OSError when it cannot be read here)."""
+        if self.spec.data_files:
+            return sum(f.num_records for f in self.spec.data_files)
+        from antdt_tf.data.records import RecordFile
+
+        return RecordFile(self.spec.data).num_records
 
     @property
     def agents(self) -> bool:
@@ -344,10 +361,6 @@ def validate(spec) -> None:
         task_port_range(spec.task_ports)
 
 
-# a job's own program: /abs/dir/file.py, or pkg.module[:function] (found in code_dir)
-_PROGRAM_MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?::[A-Za-z_]\w*)?\Z")
-
-
 def _check_program(spec) -> None:
     """A job's own program is named the way an agent can run it (where it lies is the
     agent's to check: under its --program_roots, on that host)."""
@@ -366,7 +379,7 @@ def _check_program(spec) -> None:
         if spec.code_dir:
             raise InvalidRequest("JobSpec.code_dir goes with a module program "
                                  "(pkg.module[:function]); a file runs from its directory")
-    elif not _PROGRAM_MODULE.match(spec.program):
+    elif not PROGRAM_MODULE.match(spec.program):     # what an agent will run
         raise InvalidRequest(f"JobSpec.program must be /abs/path/file.py or "
                              f"pkg.module[:function], got {shown(spec.program)}")
     elif spec.code_dir and not pathlib.PurePosixPath(spec.code_dir).is_absolute():

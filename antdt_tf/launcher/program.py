@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from antdt_tf.agent.programs import BUILTIN_PROGRAMS
+from antdt_tf.agent.programs import BUILTIN_PROGRAMS, module_file
 from antdt_tf.data import files as data_files
 from antdt_tf.errors import DataError, InvalidRequest
 
@@ -36,9 +36,7 @@ def resolve_program(program: str, code_dir: str, remote: bool) -> tuple[str, str
     if remote:
         return program, code_dir
     root = pathlib.Path(code_dir or os.getcwd()).resolve()
-    base = root.joinpath(*module.split("."))
-    if not any(p.is_file() for p in (base.with_suffix(".py"), base / "__main__.py",
-                                     base / "__init__.py")):
+    if not module_file(str(root), module):       # where the agent will look for it
         raise InvalidRequest(f"--program={program}: module {module} is not in {root} "
                              "(pass --code_dir=the directory its package is in)")
     return program, str(root)
