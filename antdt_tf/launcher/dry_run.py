@@ -50,11 +50,8 @@ def task_commands(cfg: Job) -> list[tuple[str, str, str]]:
     where = place(cfg.num_ps, cfg.slots, max(cfg.num_hosts, 1))
     ctx = TaskContext(cfg, _placeholder_spec(cfg, where), cfg.num_workers,
                       MASTER_PLACEHOLDER, cfg.workdir / "coordinator_report.json")
-    data_dirs = {str(pathlib.Path(p).parent) for p in
-                 (cfg.data, cfg.eval_data, *(f for f, _ in cfg.files)) if p}
     paths = PathPolicy(tuple(str(r) for r in (cfg.workdir, cfg.checkpoint_dir) if r),
-                       tuple(sorted(data_dirs)),
-                       (cfg.program_root,) if cfg.program_root else ())
+                       cfg.read_roots, cfg.program_roots)
     tasks = [("ps", i) for i in range(cfg.num_ps)] + [
         ("worker", i) for i in range(cfg.num_workers)]
     if not cfg.tf1:

@@ -151,14 +151,12 @@ def follow(cfg: Job, master: str, embedded: Optional[EmbeddedMaster] = None,
            show_progress: bool = True) -> dict:
     """Submits ``cfg`` to ``master`` and follows the job to its end; returns the report
     (with the embedded master's own failures and restarts added)."""
-    from antdt_tf.data.records import RecordFile
     from antdt_tf.launcher.progress import ProgressLine
     from antdt_tf.monitor.client import MonitorClient
     from antdt_tf.sharding.client import ShardingClient
 
     try:
-        num_records = (sum(n for _, n in cfg.files) if cfg.files
-                       else RecordFile(cfg.data).num_records)
+        num_records = cfg.count_records()
     except (AntdtError, OSError):
         if cfg.backend != "kubernetes":
             raise
@@ -259,14 +257,11 @@ def run_local(cfg: Job, secure: bool = True, isolate: bool = True,
     try:
         with (job_security(cfg.workdir / "tls") if secure else contextlib.nullcontext()):
             master = EmbeddedMaster(cfg, ports[0], tf_rpc_port=ports[2], network=network)
-            data = {pathlib.Path(p).resolve().parent for p in
-                    (cfg.data, cfg.eval_data, *(f for f, _ in cfg.files)) if p}
             hosts = LocalBackend(cfg.num_hosts, cfg.workdir,
                                  estimator_python=cfg.estimator_python,
                                  master=master.address, job_roots=(cfg.checkpoint_dir,),
-                                 read_roots=tuple(sorted(data)), network=network,
-                                 program_roots=(cfg.program_root,) if cfg.program_root
-                                 else ())
+                                 read_roots=cfg.read_roots, network=network,
+                                 program_roots=cfg.program_roots)
             try:
                 master.start()
                 return follow(cfg, master.client_address, embedded=master,

@@ -49,11 +49,8 @@ class JobRunner(TaskLaunching, ActionExecutor, Recovery, Resume):
         ``backend_factory()``: the job's backend where the master's operator configures
         it (Kubernetes: ``antdt-master --kubernetes_*``)."""
         self.backend_factory = backend_factory
-        from antdt_tf.data.records import RecordFile
-
         self.cfg = cfg
-        self.num_records = (sum(n for _, n in cfg.files) if cfg.files
-                            else RecordFile(cfg.data).num_records)
+        self.num_records = cfg.count_records()
         slots = cfg.slots
         self.master_address = master_address
         self.services = services

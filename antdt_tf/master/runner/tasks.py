@@ -60,20 +60,17 @@ class TaskLaunching:
         """The job's actors on the Ray cluster this master is a driver of (``RAY_ADDRESS``,
         set by the master's own actor; else the cluster of this machine)."""
         import os
-        import pathlib
 
         from antdt_tf.backends.ray import DEFAULT_TASK_PORTS, RayBackend
         from antdt_tf.job.spec import task_port_range
 
         cfg = self.cfg
-        data = {str(pathlib.Path(p).resolve().parent) for p in
-                (cfg.data, cfg.eval_data, *(p for p, _ in cfg.files)) if p}
         return RayBackend(
             cfg.ray_namespace, os.environ.get("RAY_ADDRESS", "auto"),
             log_dir=str(cfg.workdir / "ray"),
             job_roots=tuple(str(r) for r in (cfg.workdir, cfg.checkpoint_dir) if r),
-            read_roots=tuple(sorted(data)), estimator_python=cfg.estimator_python,
-            program_roots=(cfg.program_root,) if cfg.program_root else (),
+            read_roots=cfg.read_roots, estimator_python=cfg.estimator_python,
+            program_roots=cfg.program_roots,
             task_ports=(task_port_range(cfg.task_ports) if cfg.task_ports
                         else DEFAULT_TASK_PORTS))
 
