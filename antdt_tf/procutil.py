@@ -88,6 +88,17 @@ def stand_by(ready_file: str, address: str, timeout: float, name: str) -> None:
     wait_until_free(address, timeout)
 
 
+def kill_group(proc) -> None:
+    """SIGKILL to the process group of ``proc`` (a ``subprocess.Popen`` started with
+    ``start_new_session``: only what we started) if it still runs, then reap it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
 def wait_for_port_file(proc, port_file, timeout: float, what: str, log_path) -> int:
     """The port a starting server (``proc``) wrote to ``port_file``; RuntimeError naming
     its log if it exits or takes longer than ``timeout``."""

@@ -1,12 +1,10 @@
-"""The child processes a benchmark starts itself (task processes, one-run workers): their
-environment and how they end."""
+"""The environment of the child processes a benchmark starts itself (task processes,
+one-run workers); they end with ``antdt_tf.procutil.kill_group``."""
 
 from __future__ import annotations
 
 import os
 import pathlib
-import signal
-import subprocess
 
 
 def child_env() -> dict:
@@ -19,13 +17,3 @@ def child_env() -> dict:
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return antdt_child_env(env)
 
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL to the process group of ``proc`` (started with ``start_new_session``) if it
-    still runs, then reaps it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()

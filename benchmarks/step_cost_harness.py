@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 
-from benchmarks.procs import kill_group
+from antdt_tf.procutil import kill_group
 from benchmarks.results_table import per_step_stats, write_table
 
 # a process's column in the results table

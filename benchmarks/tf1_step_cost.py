@@ -57,7 +57,8 @@ import subprocess
 import sys
 
 from benchmarks import step_cost_harness as harness
-from benchmarks.procs import child_env, kill_group
+from antdt_tf.procutil import kill_group
+from benchmarks.procs import child_env
 from benchmarks.results_table import argparse_smoke, non_default_flags
 
 VARIANTS = ("b", "model", "feed_noprefetch", "feed", "meta", "counter", "record", "hooks", "chief")

@@ -20,6 +20,8 @@ import signal
 import subprocess
 import time
 
+from antdt_tf.procutil import kill_group
+
 PREFIX = "antdt"      # namespaces: antdt<pid>k<n>h<i>
 IF_PREFIX = "ad"     # interfaces (at most 15 characters): ad<pid>k<n>br, ad<pid>k<n>v<i>
 SUBNET = "198.18.0"
@@ -150,12 +152,7 @@ class NetnsHosts:
             for pid in self.pids(i):
                 _kill(pid)
         for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            proc.wait()
+            kill_group(proc)
         for ns, (outer, _) in zip(self.names, self._veth):
             _ip("link", "del", outer, check=False)     # the pair goes with it
             _ip("netns", "del", ns, check=False)

@@ -22,7 +22,7 @@ import sys
 
 from antdt_tf.backends.agents import AgentsBackend, StaticHosts
 from antdt_tf.backends.base import Capabilities
-from antdt_tf.procutil import child_env, wait_for_port_file
+from antdt_tf.procutil import child_env, kill_group, wait_for_port_file
 
 
 class LoopbackAgentsBackend(AgentsBackend):
@@ -100,10 +100,7 @@ class LocalBackend(LoopbackAgentsBackend):
 
     def lose_host(self, name: str) -> None:
         """Fault injection: SIGKILL the host's agent (its tasks die with it)."""
-        proc = self.procs[name]
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_group(self.procs[name])
 
     def shutdown(self, grace_seconds: float = 15.0) -> None:
         """Stops the agents (each stops its tasks: SIGTERM, then SIGKILL)."""

@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 
-from benchmarks.procs import child_env, kill_group
+from antdt_tf.procutil import kill_group
+from benchmarks.procs import child_env
 from benchmarks.pss.cpu import CpuByRole, process_tree, sample_while
 from benchmarks.pss.handshake import touch
 
